@@ -1,0 +1,171 @@
+"""``stoker.DataLoader``: a drop-in subclass of ``torch.utils.data.DataLoader``.
+
+The constructor takes every argument torch's takes, with the same defaults and the same
+validation errors, so ``isinstance`` checks and trainers that rebuild a loader from its
+attributes keep working. Keyword-only extras come on top. With ``num_workers=0`` iteration is
+torch's own; with workers it runs on stoker's engine (see ``stoker._iterator``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, get_args
+
+import torch
+import torch.utils.data as tud
+
+from stoker._stats import LoaderStats
+from stoker.errors import ConfigError
+
+__all__ = ["Backend", "DataLoader"]
+
+Backend = Literal["process"]
+_BACKENDS: tuple[str, ...] = get_args(Backend)
+
+# torch added `in_order` in 2.6; older versions must not be passed it.
+_TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(tud.DataLoader.__init__).parameters
+
+
+class DataLoader(tud.DataLoader):
+    """Combines a dataset and a sampler and iterates over batches, like torch's DataLoader.
+
+    Every positional and keyword argument of ``torch.utils.data.DataLoader`` is accepted with
+    the same meaning and default, with one difference: ``persistent_workers`` defaults to
+    ``None``, which means *persistent when ``num_workers > 0``* (an explicit ``False`` is
+    honoured).
+
+    With ``num_workers > 0`` batches travel through a pool of reused shared-memory slots; any
+    idle worker takes the next batch; delivery stays in sampler order unless
+    ``in_order=False``; each batch's random state (``torch``, ``random``, ``numpy``) is seeded
+    from the loader's base seed, the epoch and the batch index, so augmentations repeat run to
+    run whatever the number of workers.
+
+    Args:
+        dataset: map-style or iterable dataset.
+        batch_size: samples per batch; ``None`` disables automatic batching. Default 1.
+        shuffle: reshuffle every epoch (map-style only). Default ``None`` (no shuffling).
+        sampler: strategy to draw sample indices; exclusive with ``shuffle``.
+        batch_sampler: yields lists of indices; exclusive with ``batch_size``, ``shuffle``,
+            ``sampler`` and ``drop_last``.
+        num_workers: worker processes; 0 loads in the main process. Default 0.
+        collate_fn: merges a list of samples into a batch. Default torch's ``default_collate``
+            (``default_convert`` when ``batch_size=None``).
+        pin_memory: copy batches into page-locked memory when an accelerator is present.
+        drop_last: drop the last incomplete batch. Default ``False``.
+        timeout: seconds to wait for one batch from the workers; 0 waits forever. Default 0.
+        worker_init_fn: called in each worker with its id, after seeding, before any loading.
+        multiprocessing_context: start method name (``"fork"``, ``"spawn"``, ``"forkserver"``)
+            or a context object. Default: the platform's default.
+        generator: RNG for the sampler and the base seed.
+        prefetch_factor: batches in flight per worker. Default 2 when ``num_workers > 0``.
+        persistent_workers: keep workers alive between epochs. Default ``None``: persistent
+            whenever ``num_workers > 0``.
+        pin_memory_device: deprecated in torch; accepted and passed on.
+        in_order: deliver batches in sampler order (``True``, default) or as they complete.
+        backend: where workers run. ``"process"`` (default) is the only backend so far.
+
+    Raises:
+        ValueError: for every argument combination torch rejects, with torch's message.
+        ConfigError: for an invalid stoker extra (a ``ValueError`` too).
+    """
+
+    def __init__(
+        self,
+        dataset: tud.Dataset[Any],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: tud.Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: tud.Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool | None = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        backend: Backend = "process",
+    ) -> None:
+        if backend not in _BACKENDS:
+            raise ConfigError(
+                f"`backend` must be one of {', '.join(map(repr, _BACKENDS))}. Found: {backend!r}."
+            )
+        if persistent_workers is None:
+            persistent_workers = isinstance(num_workers, int) and num_workers > 0
+        extra: dict[str, Any] = {}
+        if _TORCH_HAS_IN_ORDER:
+            extra["in_order"] = in_order
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            **extra,
+        )
+        self.in_order = in_order
+        self.backend = backend
+        self._epoch_request: int | None = None
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        from stoker._iterator import MultiWorkerIterator
+
+        self.check_worker_number_rationality()
+        return MultiWorkerIterator(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Announce the coming epoch to the sampler, the dataset and the workers.
+
+        Calls ``set_epoch(epoch)`` on the sampler, the batch sampler (and its sampler) and the
+        dataset where they define it, in the main process, and again on the dataset inside each
+        persistent worker before the epoch's first batch is fetched.
+
+        Args:
+            epoch: the epoch number (an ``int`` >= 0).
+
+        Raises:
+            ConfigError: if ``epoch`` is not a non-negative ``int``.
+        """
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ConfigError(f"`epoch` must be an int >= 0. Found: {epoch!r}.")
+        seen: set[int] = set()
+        for obj in (
+            self.sampler,
+            self.batch_sampler,
+            getattr(self.batch_sampler, "sampler", None),
+            self.dataset,
+        ):
+            fn = getattr(obj, "set_epoch", None)
+            if obj is not None and callable(fn) and id(obj) not in seen:
+                seen.add(id(obj))
+                fn(epoch)
+        self._epoch_request = epoch
+
+    def stats(self) -> LoaderStats:
+        """A snapshot of the loader's internals (see :class:`stoker.LoaderStats`)."""
+        iterator = self._iterator
+        if iterator is not None and hasattr(iterator, "stats"):
+            return iterator.stats()
+        return LoaderStats(backend="inline" if self.num_workers == 0 else "process",
+                           num_workers=self.num_workers)

@@ -1,0 +1,75 @@
+"""Shared fixtures: every test is checked for leaked processes, shared memory and fds."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "stoker-"
+# How long a test's children may take to exit after the test ends.
+LEAK_GRACE_S = 5.0
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves child processes, stoker shm segments or open fds behind."""
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    gc.collect()
+    children, shm, fds = _children(), _shm_entries(), _fd_count()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        gc.collect()
+        new_children = _children() - children
+        new_shm = _shm_entries() - shm
+        new_fds = _fd_count() - fds
+        if not (new_children or new_shm or new_fds > 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    problems = []
+    if new_children:
+        problems.append(f"child processes left running: {sorted(new_children)}")
+    if new_shm:
+        problems.append(f"shared-memory entries left in {SHM_DIR}: {sorted(new_shm)}")
+    if new_fds > 0:
+        problems.append(f"{new_fds} more open file descriptors than before the test")
+    if problems:
+        pytest.fail("resource leak: " + "; ".join(problems), pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "allow_leaks: skip the leak check for this test")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
