@@ -1,0 +1,307 @@
+"""Shared-memory slots: created by workers, mapped once by the main process, reused."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+from stoker._platform import shm_dir, shm_free_bytes
+from stoker.errors import SharedMemoryError
+
+__all__ = [
+    "ALIGN",
+    "HEADER_BYTES",
+    "SLOT_PREFIX",
+    "SlotArena",
+    "SlotMap",
+    "reclaim_stale_segments",
+    "slot_prefix",
+    "unlink_owned",
+]
+
+SLOT_PREFIX = "stoker-"
+# Bytes reserved at the start of every slot; byte 0 is the state flag.
+HEADER_BYTES = 64
+# Alignment of every tensor placed in a slot (cache line; enough for any dtype view).
+ALIGN = 64
+FREE = 0
+BUSY = 1
+# A slot is created this much larger than the batch that needed it, to absorb small growth.
+GROWTH_FACTOR = 1.25
+_PAGE = mmap.PAGESIZE
+_NAME_RE = re.compile(r"^stoker-(\d+)-")
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def slot_prefix(owner_pid: int, pool_id: int) -> str:
+    """File-name prefix of every slot of worker pool ``pool_id`` of main process ``owner_pid``."""
+    return f"{SLOT_PREFIX}{owner_pid}-{pool_id}-"
+
+
+@dataclass
+class _Slot:
+    name: str
+    mm: mmap.mmap
+    size: int
+    base: torch.Tensor  # uint8 view of the whole mapping
+    addr: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.addr = self.base.data_ptr()
+
+    @property
+    def free(self) -> bool:
+        return self.mm[0] == FREE
+
+
+class SlotArena:
+    """A worker's slots, and a bump allocator over the one holding the current batch.
+
+    Args:
+        prefix: file-name prefix of the pool's slots (``slot_prefix(owner_pid, pool_id)``).
+        worker_id: the worker's index (goes into slot names).
+        budget_bytes: most bytes of slots this worker may hold; beyond it batches take the
+            ordinary (pickled) path.
+        directory: shared-memory directory. Default: ``stoker._platform.shm_dir()``.
+    """
+
+    def __init__(
+        self, prefix: str, worker_id: int, budget_bytes: int, directory: str | None = None
+    ) -> None:
+        self._dir = directory or shm_dir()
+        self._prefix = f"{prefix}w{worker_id}-{os.getpid()}-"
+        self._budget = budget_bytes
+        self._slots: list[_Slot] = []
+        self._counter = 0
+        self._want = 0  # size of slot to use for the next batch (0: unknown yet)
+        self.retired: list[str] = []  # names unlinked since the last header
+        self.current: _Slot | None = None
+        self._top = HEADER_BYTES
+
+    # -- slot management -----------------------------------------------------------------
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.size for s in self._slots)
+
+    def _create(self, size: int) -> _Slot | None:
+        size = _round_up(max(size, _PAGE), _PAGE)
+        if self.held_bytes + size > self._budget:
+            # Drop free slots first; they are cheaper to recreate than a pickled batch.
+            for slot in [s for s in self._slots if s.free and s is not self.current]:
+                self._retire(slot)
+                if self.held_bytes + size <= self._budget:
+                    break
+            else:
+                return None
+        self._counter += 1
+        name = f"{self._prefix}{self._counter}"
+        path = os.path.join(self._dir, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            try:
+                # Reserve the pages now: a full tmpfs fails here with ENOSPC instead of
+                # killing a process with SIGBUS on first touch.
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                os.unlink(path)
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                    raise SharedMemoryError(
+                        exc.errno,
+                        f"{self._dir} has {shm_free_bytes(self._dir)} bytes free but a batch "
+                        f"slot needs {size}: give the container more shared memory "
+                        "(`docker run --shm-size=2g`), set STOKER_SHM_DIR to a larger tmpfs, "
+                        "or lower `prefetch_factor`/`batch_size`.",
+                    ) from exc
+                raise
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        slot = _Slot(name, mm, size, torch.frombuffer(mm, dtype=torch.uint8))
+        self._slots.append(slot)
+        return slot
+
+    def _retire(self, slot: _Slot) -> None:
+        self._slots.remove(slot)
+        try:
+            os.unlink(os.path.join(self._dir, slot.name))
+        except FileNotFoundError:
+            pass
+        self.retired.append(slot.name)
+
+    def begin(self) -> None:
+        """Start a batch: pick a free slot of the current size (creating none yet)."""
+        self.current = None
+        self._top = HEADER_BYTES
+        if not self._want:
+            return
+        for slot in self._slots:
+            if slot.free:
+                if slot.size >= self._want:
+                    self.current = slot
+                    return
+        # Undersized free slots are of no further use.
+        for slot in [s for s in self._slots if s.free and s.size < self._want]:
+            self._retire(slot)
+        self.current = self._create(self._want)
+
+    def reserve(self, needed: int) -> bool:
+        """Make the current slot one that holds ``needed`` data bytes; False if over budget.
+
+        Tensors already placed in a previous current slot must be placed again by the caller.
+        """
+        total = HEADER_BYTES + needed
+        self._want = max(self._want, _round_up(int(total * GROWTH_FACTOR), _PAGE))
+        self.current = None
+        self.begin()
+        self._top = HEADER_BYTES
+        return self.current is not None
+
+    def alloc(self, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` of the current slot as a uint8 tensor, or None when it does not fit."""
+        slot = self.current
+        if slot is None:
+            return None
+        start = _round_up(self._top, ALIGN)
+        end = start + nbytes
+        if end > slot.size:
+            return None
+        self._top = end
+        return slot.base[start:end]
+
+    def offset_of(self, tensor: torch.Tensor) -> int | None:
+        """Offset of a contiguous ``tensor`` that lies inside the current slot, else None."""
+        slot = self.current
+        if slot is None:
+            return None
+        off = tensor.data_ptr() - slot.addr
+        if off < HEADER_BYTES or off + tensor.nbytes > slot.size:
+            return None
+        return off
+
+    def seal(self) -> str | None:
+        """Mark the current slot BUSY (handed to the main process); returns its name."""
+        slot = self.current
+        if slot is None:
+            return None
+        slot.mm[0] = BUSY
+        self.current = None
+        return slot.name
+
+    def take_retired(self) -> list[str]:
+        names, self.retired = self.retired, []
+        return names
+
+    def close(self) -> None:
+        """Unlink every slot of this worker (mappings stay valid until unmapped)."""
+        for slot in list(self._slots):
+            self._retire(slot)
+        self.retired.clear()
+
+
+class SlotMap:
+    """The main process's mappings of worker slots, opened once by name and reused.
+
+    Args:
+        directory: shared-memory directory. Default: ``stoker._platform.shm_dir()``.
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._dir = directory or shm_dir()
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(m) for m in self._maps.values())
+
+    def busy(self) -> int:
+        """Slots whose state byte says a batch is queued in them or still referenced."""
+        return sum(1 for m in self._maps.values() if m[0] != FREE)
+
+    def open(self, name: str) -> mmap.mmap:
+        mm = self._maps.get(name)
+        if mm is None:
+            fd = os.open(os.path.join(self._dir, name), os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+            self._maps[name] = mm
+        return mm
+
+    def forget(self, names: list[str]) -> None:
+        """Drop mappings of slots their worker retired (memory goes once no view uses it)."""
+        for name in names:
+            self._maps.pop(name, None)
+
+    def release(self, name: str) -> None:
+        """Mark a slot FREE without delivering it (stale or abandoned batch)."""
+        mm = self._maps.get(name)
+        if mm is not None:
+            release(mm)
+
+    def clear(self) -> None:
+        self._maps.clear()
+
+
+def release(mm: mmap.mmap) -> None:
+    """Finalizer: the last view of a batch is gone; the worker may reuse its slot."""
+    try:
+        mm[0] = FREE
+    except ValueError:  # mapping already closed
+        pass
+
+
+def unlink_owned(prefix: str, directory: str | None = None) -> int:
+    """Unlink every slot file whose name starts with ``prefix``; returns how many."""
+    d = directory or shm_dir()
+    count = 0
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(d, name))
+                count += 1
+            except FileNotFoundError:
+                pass
+    return count
+
+
+def reclaim_stale_segments(directory: str | None = None) -> int:
+    """Unlink slot files whose owning process is dead (left by a crashed run)."""
+    d = directory or shm_dir()
+    count = 0
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return 0
+    dead: dict[int, bool] = {}
+    for name in names:
+        m = _NAME_RE.match(name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid not in dead:
+            dead[pid] = not psutil.pid_exists(pid)
+        if dead[pid]:
+            try:
+                os.unlink(os.path.join(d, name))
+                count += 1
+            except FileNotFoundError:
+                pass
+    return count

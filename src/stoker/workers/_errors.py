@@ -1,0 +1,55 @@
+"""Carrying an exception from a worker to the main process, type and traceback intact."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from stoker.errors import RemoteTraceback, WorkerError
+
+__all__ = ["pack_exception", "unpack_exception"]
+
+_MAX_INDICES_SHOWN = 32
+
+
+def pack_exception(exc: BaseException, where: str) -> tuple[Any, ...]:
+    """What a worker sends for ``exc`` raised while ``where`` (e.g. "fetching samples")."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob: bytes | None = cloudpickle.dumps(exc)
+    except Exception:
+        blob = None
+    return (blob, type(exc).__qualname__, str(exc), text, where)
+
+
+def unpack_exception(
+    packed: tuple[Any, ...], worker_id: int, pid: int | None, indices: Any
+) -> BaseException:
+    """Rebuild the worker's exception, with notes naming the worker, pid and indices."""
+    blob, type_name, message, text, where = packed
+    exc: BaseException | None = None
+    if blob is not None:
+        try:
+            exc = cloudpickle.loads(blob)
+        except Exception:
+            exc = None
+    if not isinstance(exc, BaseException):
+        exc = WorkerError(f"{type_name}: {message}")
+    if indices is not None:
+        try:
+            shown = list(indices)
+        except TypeError:
+            shown = [indices]
+        more = len(shown) - _MAX_INDICES_SHOWN
+        idx_text = str(shown[:_MAX_INDICES_SHOWN])[:-1] + (f", ... {more} more]" if more > 0 else "]")
+        note = f"Raised in stoker worker {worker_id} (pid {pid}) while {where} {idx_text}."
+    else:
+        note = f"Raised in stoker worker {worker_id} (pid {pid}) while {where}."
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+    exc.__cause__ = RemoteTraceback(text)
+    return exc
