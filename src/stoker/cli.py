@@ -22,7 +22,19 @@ __all__ = ["main"]
 
 # name -> (module, one-line help). Kept in the order `stoker --help` shows them.
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("stoker.bench._cli", "torch's DataLoader and stoker side by side on built-in workloads"),
+    "bench": (
+        "stoker.bench._cli",
+        "torch's DataLoader and stoker side by side on built-in workloads",
+    ),
+    "report": (
+        "stoker.monitor._report_cli",
+        "summary and timeline plot of a stoker.watch jsonl log",
+    ),
+    "pack": (
+        "stoker.shards._pack_cli",
+        "a dataset into indexed tar shards (WebDataset-compatible)",
+    ),
+    "index": ("stoker.shards._index_cli", "build index.json for tar shards written by other tools"),
 }
 
 

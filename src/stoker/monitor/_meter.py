@@ -1,0 +1,207 @@
+"""Per-step bookkeeping: batch sizes, totals, the recent window and the current interval.
+
+The meter never reads a clock itself: :class:`stoker.monitor._watch.Watch` passes it the
+measured wait and compute of each step, so tests can feed exact timings.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker.monitor._detect import StallDetector
+from stoker.monitor._types import StallEvent
+
+__all__ = ["RECENT_WINDOW", "Interval", "LogHistogram", "StepMeter", "batch_size"]
+
+# Steps kept for the progress bar's recent rates and the sawtooth detector.
+RECENT_WINDOW = 256
+# Quantile histogram of waits and computes: range and resolution.
+HIST_MIN_S = 1e-7
+HIST_MAX_S = 1e4
+HIST_BINS_PER_DECADE = 20
+# How deep `batch_size` looks into nested containers.
+_MAX_DEPTH = 4
+
+
+def batch_size(batch: Any, _depth: int = 0) -> int | None:
+    """Count the samples in a batch; ``None`` when it cannot tell.
+
+    A tensor or array counts its first dimension (a 0-d one counts 1); a mapping counts its
+    first value; a tuple or list counts its first element when that is a tensor, an array or a
+    container (the collated ``(inputs, targets)`` layout), and its length otherwise (a list of
+    strings or numbers).
+
+    Args:
+        batch: what the loader yielded.
+
+    Returns:
+        The sample count, or ``None``.
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else 1
+        except (TypeError, ValueError):
+            return None
+    if _depth >= _MAX_DEPTH:
+        return None
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            return batch_size(value, _depth + 1)
+        return 0
+    if isinstance(batch, (list, tuple)):
+        if not batch:
+            return 0
+        first = batch[0]
+        if hasattr(first, "shape") or isinstance(first, (Mapping, list, tuple)):
+            return batch_size(first, _depth + 1)
+        return len(batch)
+    return None
+
+
+class LogHistogram:
+    """Quantiles of a long series of durations in constant memory.
+
+    Values are buffered and folded into ``HIST_BINS_PER_DECADE`` log-spaced bins per decade
+    between ``HIST_MIN_S`` and ``HIST_MAX_S`` (a quantile is then within about 6% of the exact
+    one); values outside the range land in the end bins.
+    """
+
+    def __init__(self) -> None:
+        decades = np.log10(HIST_MAX_S / HIST_MIN_S)
+        self._edges = np.logspace(
+            np.log10(HIST_MIN_S),
+            np.log10(HIST_MAX_S),
+            round(float(decades) * HIST_BINS_PER_DECADE) + 1,
+        )
+        self._counts = np.zeros(len(self._edges) + 1, dtype=np.int64)
+        self._pending = array("d")
+        self.append = self._pending.append
+
+    def _fold(self) -> None:
+        if self._pending:
+            values = np.frombuffer(self._pending, dtype=np.float64)
+            self._counts += np.bincount(
+                np.searchsorted(self._edges, values), minlength=len(self._counts)
+            )
+            self._pending = array("d")
+            self.append = self._pending.append
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) as the geometric centre of its bin; 0 when empty."""
+        self._fold()
+        total = int(self._counts.sum())
+        if total == 0:
+            return 0.0
+        i = int(np.searchsorted(np.cumsum(self._counts), q * total, side="left"))
+        if i == 0:
+            return 0.0 if self._counts[0] else float(self._edges[0])
+        if i >= len(self._edges):
+            return float(self._edges[-1])
+        return float(np.sqrt(self._edges[i - 1] * self._edges[i]))
+
+
+@dataclass
+class Interval:
+    """Accumulators of the current health interval (mutable, internal)."""
+
+    start_step: int = 0
+    start_time: float = 0.0
+    steps: int = 0
+    wait_s: float = 0.0
+    compute_s: float = 0.0
+    samples: int = 0
+    sized: bool = True
+
+
+class StepMeter:
+    """Accumulates steps: totals, a recent window, the current interval and stall events.
+
+    Args:
+        stall_detector: the detector to run on each wait (a fresh default one if ``None``).
+    """
+
+    def __init__(self, stall_detector: StallDetector | None = None) -> None:
+        self.stalls = stall_detector or StallDetector()
+        self.steps = 0
+        self.samples = 0
+        self.sized = True
+        self.wait_s = 0.0
+        self.compute_s = 0.0
+        self.max_wait_s = 0.0
+        self.wait_hist = LogHistogram()
+        self.compute_hist = LogHistogram()
+        self.recent_wait: deque[float] = deque(maxlen=RECENT_WINDOW)
+        self.recent_compute: deque[float] = deque(maxlen=RECENT_WINDOW)
+        self.recent_size: deque[int] = deque(maxlen=RECENT_WINDOW)
+        self.stall_events: list[StallEvent] = []
+        self.interval = Interval()
+        self._interval_stalls = 0
+
+    def add(
+        self, wait_s: float, compute_s: float, size: int | None, *, epoch_start: bool = False
+    ) -> StallEvent | None:
+        """Record one completed step.
+
+        Args:
+            wait_s: time blocked waiting for the batch.
+            compute_s: time from the yield to the next request.
+            size: samples in the batch, or ``None`` when unknown.
+            epoch_start: the step is the first of a later pass over the loader.
+
+        Returns:
+            The step's :class:`StallEvent`, if it was a stall.
+        """
+        step = self.steps
+        self.steps = step + 1
+        self.wait_s += wait_s
+        self.compute_s += compute_s
+        if wait_s > self.max_wait_s:
+            self.max_wait_s = wait_s
+        self.recent_wait.append(wait_s)
+        self.recent_compute.append(compute_s)
+        self.wait_hist.append(wait_s)
+        self.compute_hist.append(compute_s)
+        iv = self.interval
+        iv.steps += 1
+        iv.wait_s += wait_s
+        iv.compute_s += compute_s
+        if size is None:
+            self.sized = iv.sized = False
+            self.recent_size.append(0)
+        else:
+            self.samples += size
+            iv.samples += size
+            self.recent_size.append(size)
+        event = self.stalls.check(step, wait_s, epoch_start=epoch_start)
+        if event is not None:
+            self.stall_events.append(event)
+            self._interval_stalls += 1
+        return event
+
+    def take_interval(self, now: float) -> tuple[Interval, tuple[StallEvent, ...]]:
+        """Close the current interval at time ``now`` and start the next one.
+
+        Returns:
+            The closed interval's accumulators and its stall events.
+        """
+        done = self.interval
+        stalls = tuple(self.stall_events[-self._interval_stalls :]) if self._interval_stalls else ()
+        self.interval = Interval(start_step=self.steps, start_time=now)
+        self._interval_stalls = 0
+        return done, stalls
+
+    def recent_rates(self) -> tuple[float, float | None]:
+        """(data-wait fraction, samples per second) over the recent window."""
+        wait = sum(self.recent_wait)
+        total = wait + sum(self.recent_compute)
+        if total <= 0:
+            return 0.0, None
+        rate = sum(self.recent_size) / total if self.sized else None
+        return wait / total, rate
