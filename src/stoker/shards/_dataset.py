@@ -1,0 +1,165 @@
+"""ShardDataset: map-style random access to indexed tar shards through mmap."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch.utils.data as tud
+
+from stoker.shards._decode import Decode, make_decoder, select_fields
+from stoker.shards._index import ShardIndex, read_index
+from stoker.shards._reader import ShardReader, Verify
+
+if TYPE_CHECKING:
+    from stoker.shards._stream import ShardStream
+
+__all__ = ["ShardDataset"]
+
+
+class ShardDataset(tud.Dataset[Any]):
+    """Random access to the samples of a shard directory (``stoker pack`` or ``stoker index``).
+
+    Sample ``i`` is found through the index and read from a memory map of its shard, without a
+    copy: with ``decode=None`` each field is a ``memoryview`` into the map. Shards are opened
+    lazily in each process and never shared across a fork; the dataset pickles without its maps,
+    so it works with fork and spawn workers.
+
+    A sample is a dict ``{"__key__": key, "__shard__": shard name, ext: value, ...}``, or a
+    tuple when ``fields`` is given.
+
+    Args:
+        path: the shard directory.
+        decode: ``None`` (default: zero-copy ``memoryview`` fields; copy them before they
+            leave a worker, they do not pickle), ``"bytes"``, ``"pil"``, ``"numpy"`` or
+            ``"torch"`` (decode every known field, images into that type), a mapping from
+            extension to a callable taking the bytes, or a callable taking the raw sample.
+        fields: return a tuple of these fields, in order (``"jpg;png"`` takes whichever is
+            present). Default ``None``: the whole dict.
+        transform: applied last to each sample. Default ``None``.
+        verify: ``"lazy"`` (default: hash each shard on first touch in each process),
+            ``"full"`` (hash every shard now) or ``"off"``.
+
+    Raises:
+        IncompleteShardsError: if the directory has no complete index; the message names
+            `stoker pack --resume` or `stoker index`.
+        ShardError: if the index is invalid.
+        CorruptShardError: with ``verify="full"``, if a shard is missing, truncated or altered.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        decode: Decode = None,
+        fields: Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        verify: Verify = "lazy",
+    ) -> None:
+        self.path = Path(path)
+        self.index: ShardIndex = read_index(self.path)
+        self._decode_arg = decode
+        self._decode = make_decoder(decode)
+        self._fields = tuple(fields) if fields is not None else None
+        self._transform = transform
+        counts = np.array([s.samples for s in self.index.shards], dtype=np.int64)
+        self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self._starts[1:])
+        self._reader = ShardReader(self.path, self.index, verify)
+
+    # -- structure, for samplers that prefer whole shards ---------------------------------
+
+    @property
+    def shard_names(self) -> tuple[str, ...]:
+        """File names of the shards, in index order."""
+        return tuple(s.name for s in self.index.shards)
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Number of samples in each shard."""
+        return tuple(s.samples for s in self.index.shards)
+
+    def shard_range(self, shard: int) -> range:
+        """Global sample indices held by shard number ``shard``."""
+        return range(int(self._starts[shard]), int(self._starts[shard + 1]))
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, index within the shard)`` of sample ``index``.
+
+        Raises:
+            IndexError: if ``index`` is out of range.
+        """
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"sample index {index} out of range for {n} samples in {self.path}")
+        index %= n
+        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return shard, index - int(self._starts[shard])
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Metadata the packer stored (e.g. ``classes`` for an image folder)."""
+        return dict(self.index.meta)
+
+    # -- access ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def raw(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` as zero-copy ``memoryview`` fields, not decoded.
+
+        Raises:
+            IndexError: if ``index`` is out of range.
+            CorruptShardError: if its shard is missing, truncated or fails verification.
+        """
+        shard, local = self.locate(index)
+        info = self.index.shards[shard]
+        view = self._reader.view(shard)
+        sample: dict[str, Any] = {"__key__": info.keys[local], "__shard__": info.name}
+        for ext, offset, size in info.members(local):
+            sample[ext] = view[offset : offset + size]
+        return sample
+
+    def __getitem__(self, index: int) -> Any:
+        return self.finish(self.raw(index))
+
+    def finish(self, sample: dict[str, Any]) -> Any:
+        """Apply ``decode``, ``fields`` and ``transform`` to a raw sample."""
+        out: Any = sample
+        if self._decode is not None:
+            out = self._decode(out)
+        if self._fields is not None:
+            out = select_fields(out, self._fields, str(self.path))
+        if self._transform is not None:
+            out = self._transform(out)
+        return out
+
+    def stream(
+        self, *, shuffle: bool = True, buffer_size: int = 1000, seed: int = 0
+    ) -> ShardStream:
+        """An iterable view that reads shards sequentially (see :class:`ShardStream`).
+
+        Args:
+            shuffle: shuffle the shard order each epoch and samples through a buffer.
+                Default ``True``.
+            buffer_size: samples held by the shuffle buffer. Default 1000.
+            seed: base seed; the order depends on ``(seed, epoch, worker)``. Default 0.
+        """
+        from stoker.shards._stream import ShardStream
+
+        return ShardStream(self, shuffle=shuffle, buffer_size=buffer_size, seed=seed)
+
+    def close(self) -> None:
+        """Unmap this process's shards; they are mapped again on the next access."""
+        self._reader.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardDataset({str(self.path)!r}, samples={len(self)}, "
+            f"shards={len(self.index.shards)}, "
+            f"decode={self._decode_arg!r}, verify={self._reader.verify!r})"
+        )

@@ -1,0 +1,214 @@
+"""``pack``: a source into indexed tar shards, in parallel, atomically, resumable.
+
+Workers (processes) read and encode samples; the main process appends them, in sample order,
+to a :class:`ShardWriter`. The output therefore depends only on the source and
+``shard_size``, never on ``workers``. A ``.stoker-pack.json`` written first records the pack's
+parameters; ``index.json`` is written last and the state file removed, so a directory with
+shards but no index is recognisably unfinished and ``resume=True`` finishes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import ConfigError
+from stoker.shards._errors import ShardError
+from stoker.shards._index import (
+    INDEX_NAME,
+    PACK_STATE_NAME,
+    ShardIndex,
+    ShardInfo,
+    describe_shard,
+    write_atomic,
+    write_index,
+)
+from stoker.shards._sources import Source, SourceFormat, open_source
+from stoker.shards._tar import EncodedSample, encode_sample
+from stoker.shards._writer import ShardWriter, shard_name
+
+__all__ = ["DEFAULT_SHARD_SIZE", "pack"]
+
+DEFAULT_SHARD_SIZE = 256 * 1000 * 1000
+# Samples handed to a worker at a time; results still come back in order.
+CHUNKSIZE = 16
+
+_source: Source | None = None
+
+
+def _init_worker(source: Source) -> None:
+    global _source
+    _source = source
+
+
+def _encode(index: int) -> EncodedSample:
+    assert _source is not None  # set by _init_worker before any task
+    return _encode_from(_source, index)
+
+
+def _encode_from(source: Source, index: int) -> EncodedSample:
+    key, members = source.sample(index)
+    try:
+        return encode_sample(key, members)
+    except ValueError as exc:
+        raise ShardError(f"sample {index} of {source.description}: {exc}") from exc
+
+
+def _state(source: Source, shard_size: int) -> dict[str, Any]:
+    return {"source": source.description, "samples": len(source), "shard_size": shard_size}
+
+
+def _completed(out: Path) -> list[ShardInfo]:
+    shards: list[ShardInfo] = []
+    while (out / shard_name(len(shards))).exists():
+        shards.append(describe_shard(out / shard_name(len(shards))))
+    return shards
+
+
+def _prepare(out: Path, source: Source, shard_size: int, resume: bool) -> list[ShardInfo]:
+    state = _state(source, shard_size)
+    state_path = out / PACK_STATE_NAME
+    if resume:
+        if (out / INDEX_NAME).exists() and not state_path.exists():
+            raise ShardError(
+                f"{out} already holds a complete pack ({INDEX_NAME}); nothing to resume."
+            )
+        if not state_path.exists():
+            raise ShardError(
+                f"{out} has no interrupted pack to resume (no {PACK_STATE_NAME}); drop `--resume`."
+            )
+        found = json.loads(state_path.read_text())
+        if found != state:
+            raise ShardError(
+                f"`--resume` must repeat the interrupted pack's source and options: it packed "
+                f"{found}, this call packs {state}."
+            )
+        for tmp in out.glob(".*.tmp"):
+            tmp.unlink()
+        return _completed(out)
+    leftovers = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    if leftovers:
+        hint = " or finish the interrupted pack with `--resume`" if state_path.exists() else ""
+        raise ShardError(
+            f"output directory {out} is not empty ({leftovers[:3]}...): choose an empty one{hint}."
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(state_path, json.dumps(state, sort_keys=True).encode())
+    return []
+
+
+@contextlib.contextmanager
+def _encoder(source: Source, workers: int) -> Iterator[Callable[[range], Iterator[EncodedSample]]]:
+    """Yields a function mapping indices to encoded samples, in order.
+
+    The pool is created here, before any progress-bar thread starts, so that forking is safe.
+    """
+    if workers <= 1:
+        yield lambda indices: (_encode_from(source, i) for i in indices)
+        return
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    pool = mp.get_context(method).Pool(workers, initializer=_init_worker, initargs=(source,))
+    try:
+        yield lambda indices: pool.imap(_encode, indices, chunksize=CHUNKSIZE)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def pack(
+    source: str | os.PathLike[str] | Source,
+    out: str | os.PathLike[str],
+    *,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    workers: int = 1,
+    resume: bool = False,
+    format: SourceFormat = "auto",
+    fields: Sequence[str] | None = None,
+    progress: bool = False,
+) -> ShardIndex:
+    """Pack a dataset into WebDataset-compatible tar shards with an ``index.json``.
+
+    Args:
+        source: an image-folder tree, a directory of files grouped by stem, an LMDB
+            environment, an HDF5 file, ``"module:factory"``, or a :class:`Source`.
+        out: output directory; must be empty or absent (unless ``resume``).
+        shard_size: upper bound of each shard in bytes. Default 256 MB.
+        workers: processes reading and encoding samples; the output does not depend on it.
+            Default 1 (in the calling process).
+        resume: finish an interrupted pack into ``out`` (same source and ``shard_size``).
+            Default ``False``.
+        format: kind of ``source`` when it is a path; ``"auto"`` (default) guesses.
+        fields: HDF5 datasets to pack, or extensions naming the parts of tuple samples.
+        progress: show a progress bar (rich) on stderr. Default ``False``.
+
+    Returns:
+        The index written to ``out/index.json``.
+
+    Raises:
+        ConfigError: for a bad ``workers`` or ``shard_size``.
+        ShardError: if the source cannot be read, ``out`` is not empty, or ``resume`` does not
+            match the interrupted pack.
+    """
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError(f"`workers` must be an int >= 1. Found: {workers!r}.")
+    src = (
+        open_source(source, fmt=format, fields=fields)
+        if isinstance(source, str | os.PathLike)
+        else source
+    )
+    out = Path(out)
+    done = _prepare(out, src, shard_size, resume)
+    start = sum(s.samples for s in done)
+    writer = ShardWriter(out, shard_size=shard_size, first_shard=len(done))
+    try:
+        with _encoder(src, workers) as encode, _Progress(len(src), start, enabled=progress) as bar:
+            for sample in encode(range(start, len(src))):
+                writer.write(sample)
+                bar.advance(len(sample.blob))
+            shards = done + writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    index = ShardIndex(tuple(shards), dict(src.meta))
+    write_index(out, index)
+    (out / PACK_STATE_NAME).unlink()
+    return index
+
+
+class _Progress:
+    """A rich progress bar over samples, with the bytes written; a no-op when disabled."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool) -> None:
+        self._bar: Any = None
+        self._written = 0
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+            self._bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                "{task.fields[written]}",
+                TimeRemainingColumn(),
+            )
+            self._task = self._bar.add_task("packing", total=total, completed=done, written="")
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def advance(self, nbytes: int) -> None:
+        if self._bar is not None:
+            self._written += nbytes
+            self._bar.update(self._task, advance=1, written=f"{self._written / 1e6:,.1f} MB")

@@ -1,0 +1,168 @@
+"""Per-process memory maps of shard files, verified against the index.
+
+A :class:`ShardReader` maps each shard on first use in the current process (the pid is
+checked, so a forked worker never uses its parent's maps) and drops its maps when pickled.
+Verification modes:
+
+``"full"``  every shard is hashed when the reader is created;
+``"lazy"``  a shard is hashed the first time this process touches it;
+``"off"``   no hashing; sizes and member bounds are still checked.
+
+A sha256 mismatch is located with the per-chunk CRC-32 of the index and reported with the
+shard, the byte range and the member it falls in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from stoker.errors import ConfigError
+from stoker.shards._errors import CorruptShardError
+from stoker.shards._index import ShardIndex, ShardInfo
+
+__all__ = ["ShardReader", "Verify"]
+
+Verify = Literal["lazy", "full", "off"]
+_VERIFY_MODES: tuple[str, ...] = get_args(Verify)
+_FIX = (
+    "re-copy or re-pack the shard (`stoker pack`), or if it was changed on purpose rebuild "
+    "the index with `stoker index {dir}`."
+)
+
+
+class ShardReader:
+    """Memory-mapped, checksummed access to the shards of one directory.
+
+    Args:
+        directory: the shard directory.
+        index: its index.
+        verify: ``"lazy"``, ``"full"`` or ``"off"`` (see the module docstring).
+
+    Raises:
+        ConfigError: for an unknown ``verify``.
+        CorruptShardError: with ``verify="full"``, for the first bad shard.
+    """
+
+    def __init__(self, directory: Path, index: ShardIndex, verify: Verify) -> None:
+        if verify not in _VERIFY_MODES:
+            raise ConfigError(
+                f"`verify` must be one of {', '.join(map(repr, _VERIFY_MODES))}. Found: {verify!r}."
+            )
+        self.directory = directory
+        self.index = index
+        self.verify = verify
+        self._pid = os.getpid()
+        self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._checked: set[int] = set()
+        if verify == "full":
+            for number in range(len(index.shards)):
+                self.view(number)
+
+    def path(self, number: int) -> Path:
+        """Path of shard ``number``."""
+        return self.directory / self.index.shards[number].name
+
+    def view(self, number: int) -> memoryview:
+        """A read-only view of shard ``number``'s bytes, mapped and checked on first use.
+
+        Raises:
+            CorruptShardError: if the shard is missing, truncated or (when verifying) differs
+                from the index.
+        """
+        if self._pid != os.getpid():
+            self._maps, self._checked, self._pid = {}, set(), os.getpid()
+        entry = self._maps.get(number)
+        if entry is None:
+            entry = self._map(number)
+            self._maps[number] = entry
+        return entry[1]
+
+    def _map(self, number: int) -> tuple[mmap.mmap, memoryview]:
+        info = self.index.shards[number]
+        path = self.path(number)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < info.size:
+                    self._raise_truncated(info, path, size)
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise CorruptShardError(
+                f"shard {str(path)!r} is missing (the index lists it with {info.samples} samples): "
+                + _FIX.format(dir=self.directory),
+                shard=str(path),
+                offset=0,
+            ) from None
+        view = memoryview(mm)
+        if self.verify != "off" and number not in self._checked:
+            try:
+                self._check(info, path, view)
+            except CorruptShardError:
+                view.release()
+                mm.close()
+                raise
+            self._checked.add(number)
+        return mm, view
+
+    def _raise_truncated(self, info: ShardInfo, path: Path, size: int) -> None:
+        member = info.member_at(size)
+        where = f", inside member {member[0]!r} (data at byte offset {member[1]})" if member else ""
+        raise CorruptShardError(
+            f"shard {str(path)!r} is truncated: {size} bytes, the index expects {info.size}; "
+            f"data ends at byte offset {size}{where}. " + _FIX.format(dir=self.directory),
+            shard=str(path),
+            offset=size,
+        )
+
+    def _check(self, info: ShardInfo, path: Path, view: memoryview) -> None:
+        if len(view) != info.size:
+            self._raise_truncated(info, path, len(view))
+        if hashlib.sha256(view).hexdigest() == info.sha256:
+            return
+        step = info.chunk_size
+        for i, expected in enumerate(info.chunk_crc32):
+            if zlib.crc32(view[i * step : (i + 1) * step]) != expected:
+                start, end = i * step, min((i + 1) * step, info.size)
+                member = info.member_at(start)
+                where = (
+                    f", in or after member {member[0]!r} (data at byte offset {member[1]}, "
+                    f"{member[2]} bytes)"
+                    if member
+                    else " (tar headers or end-of-archive blocks)"
+                )
+                raise CorruptShardError(
+                    f"shard {str(path)!r} is corrupt at byte offset {start}: "
+                    f"bytes {start}..{end - 1} "
+                    f"differ from the index (CRC-32 of that chunk){where}. "
+                    + _FIX.format(dir=self.directory),
+                    shard=str(path),
+                    offset=start,
+                )
+        raise CorruptShardError(
+            f"shard {str(path)!r} does not match its sha256 in the index, though every chunk "
+            "checksum does (the index itself may be damaged). " + _FIX.format(dir=self.directory),
+            shard=str(path),
+            offset=0,
+        )
+
+    def close(self) -> None:
+        """Unmap this process's shards (views still held by samples keep theirs alive)."""
+        maps, self._maps = self._maps, {}
+        if self._pid != os.getpid():
+            return
+        for mm, view in maps.values():
+            try:
+                view.release()
+                mm.close()
+            except BufferError:
+                pass  # a sample still references it; it is unmapped when collected
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_maps"], state["_checked"] = {}, set()
+        return state
