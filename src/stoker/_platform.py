@@ -10,12 +10,58 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["cgroup_cpu_quota", "shm_dir", "shm_free_bytes", "usable_cores"]
+__all__ = [
+    "THREAD_ENV_VARS",
+    "affinity_cores",
+    "cgroup_cpu_quota",
+    "cgroup_memory_limit",
+    "fs_kind",
+    "fs_type",
+    "open_files_limit",
+    "shm_dir",
+    "shm_free_bytes",
+    "shm_total_bytes",
+    "thread_env_vars",
+    "usable_cores",
+]
 
 _CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 _CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
 _CGROUP_V1_PERIOD = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
 DEFAULT_SHM_DIR = "/dev/shm"
+_CGROUP_V2_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+_CGROUP_V1_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_MOUNTINFO = Path("/proc/self/mountinfo")
+# Environment variables that set the size of a thread pool some library starts per process.
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS",
+    "TORCH_NUM_THREADS",
+    "OPENCV_FOR_THREADS_NUM",
+)
+_NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "9p",
+        "afs",
+        "gpfs",
+        "beegfs",
+        "virtiofs",
+    }
+)
+_MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
 
 
 def cgroup_cpu_quota() -> float | None:
@@ -61,3 +107,96 @@ def shm_free_bytes(path: str | None = None) -> int:
     except OSError:
         return 0
     return st.f_bavail * st.f_frsize
+
+
+def affinity_cores() -> int | None:
+    """Cores in this process's CPU affinity mask, or None where the platform has no affinity."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def shm_total_bytes(path: str | None = None) -> int:
+    """Size of the shared-memory directory's filesystem (0 when it does not exist)."""
+    try:
+        st = os.statvfs(path or shm_dir())
+    except OSError:
+        return 0
+    return st.f_blocks * st.f_frsize
+
+
+def cgroup_memory_limit() -> int | None:
+    """The cgroup memory limit in bytes, or None when unlimited or unreadable."""
+    for path in (_CGROUP_V2_MEMORY_MAX, _CGROUP_V1_MEMORY_LIMIT):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        # cgroup v1 reports "no limit" as a huge number close to 2**63.
+        return value if value < 2**62 else None
+    return None
+
+
+def open_files_limit() -> tuple[int, int]:
+    """(soft, hard) limit on open file descriptors; -1 means unlimited or unknown."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return -1, -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    return (-1 if soft == inf else int(soft)), (-1 if hard == inf else int(hard))
+
+
+def thread_env_vars() -> dict[str, str]:
+    """The thread-pool environment variables that are set (name -> value)."""
+    return {name: os.environ[name] for name in THREAD_ENV_VARS if name in os.environ}
+
+
+def _unescape_mount(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+
+
+def fs_type(path: str | os.PathLike[str]) -> str | None:
+    """Filesystem type holding ``path`` (e.g. ``ext4``, ``nfs4``, ``tmpfs``), or None if unknown.
+
+    Reads /proc/self/mountinfo and picks the longest mount point that contains the path.
+    """
+    try:
+        real = os.path.realpath(os.fspath(path))
+        lines = _MOUNTINFO.read_text().splitlines()
+    except OSError:
+        return None
+    best, best_type = "", None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right:
+            continue
+        mount_point = _unescape_mount(fields[4])
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, best_type = mount_point, right.split()[0]
+    return best_type
+
+
+def fs_kind(fstype: str | None) -> str:
+    """Classify a filesystem type: ``"network"``, ``"memory"``, ``"local"`` or ``"unknown"``."""
+    if fstype is None:
+        return "unknown"
+    if fstype in _MEMORY_FS:
+        return "memory"
+    base = fstype.split(".")[0]
+    if base in _NETWORK_FS or (
+        fstype.startswith("fuse.")
+        and any(n in fstype for n in ("sshfs", "s3", "gcs", "blob", "rclone", "juice"))
+    ):
+        return "network"
+    return "local"

@@ -30,6 +30,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "stoker.monitor._report_cli",
         "summary and timeline plot of a stoker.watch jsonl log",
     ),
+    "doctor": ("stoker.doctor._cli", "find what slows or breaks data loading, and how to fix it"),
+    "env": ("stoker.doctor._env_cli", "what this machine offers for data loading; export it"),
     "pack": (
         "stoker.shards._pack_cli",
         "a dataset into indexed tar shards (WebDataset-compatible)",

@@ -1,0 +1,266 @@
+"""Memory checks (SK301-SK302): Python containers that every forked worker ends up copying.
+
+A forked worker shares its parent's pages until it writes to them, and reading a Python object
+writes to it (its reference count, and the garbage collector's header). A dataset that holds
+a list of a million path strings therefore gets copied, page by page, into every worker as it
+reads: "copy-on-read". SK301 estimates those bytes from the dataset's attributes without
+running workers; SK302 (only when asked) forks real workers, lets them read samples and run
+one garbage collection, and measures how much private memory (USS) each one gained.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stoker.doctor._finding import Finding, Severity
+from stoker.doctor._subject import Subject
+
+__all__ = ["Container", "check_containers", "find_containers", "measure_worker_growth"]
+
+# Containers with fewer items are not worth reporting.
+MIN_ITEMS = 1000
+# Per-worker bytes from which copy-on-read is reported (estimated or measured).
+COPY_WARN_BYTES = 64 * 2**20
+# How many items are sized to estimate a container's deep size, and how deep the walk goes.
+SIZE_SAMPLE = 256
+WALK_DEPTH = 3
+# Forked measurement: workers, time each may read samples, and how long to wait for them.
+MEASURE_WORKERS = 2
+MEASURE_READ_S = 1.5
+MEASURE_JOIN_S = 30.0
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+@dataclass(frozen=True)
+class Container:
+    """A large Python container held by the dataset."""
+
+    path: str
+    kind: str
+    items: int
+    bytes: int  # estimated: the container and the objects it holds
+
+
+def _deep_size(obj: Any, depth: int = 2) -> int:
+    size = sys.getsizeof(obj)
+    if depth <= 0:
+        return size
+    if isinstance(obj, dict):
+        return size + sum(
+            _deep_size(k, depth - 1) + _deep_size(v, depth - 1) for k, v in obj.items()
+        )
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return size + sum(_deep_size(v, depth - 1) for v in obj)
+    return size
+
+
+def _estimate(obj: Any) -> tuple[int, str]:
+    n = len(obj)
+    items = list(obj.items()) if isinstance(obj, dict) else list(obj) if n <= SIZE_SAMPLE else None
+    if items is None:
+        seq = obj if isinstance(obj, (list, tuple)) else list(obj)
+        step = max(1, n // SIZE_SAMPLE)
+        items = [seq[i] for i in range(0, n, step)][:SIZE_SAMPLE]
+    per_item = sum(_deep_size(i) for i in items) / max(1, len(items))
+    first = items[0] if items else None
+    inner = type(first).__name__ if first is not None else "?"
+    if isinstance(first, tuple) and len(first) == 2 and isinstance(obj, dict):
+        inner = f"{type(first[0]).__name__} -> {type(first[1]).__name__}"
+    elif isinstance(first, (tuple, list)):
+        inner = f"{inner} of ({', '.join(type(x).__name__ for x in first[:4])})"
+    return sys.getsizeof(obj) + int(per_item * n), inner
+
+
+def find_containers(dataset: Any, path: str = "dataset") -> list[Container]:
+    """Large Python containers reachable from the dataset's attributes (largest first)."""
+    found: list[Container] = []
+    seen: set[int] = set()
+
+    def walk(obj: Any, where: str, depth: int) -> None:
+        if id(obj) in seen or depth > WALK_DEPTH:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, _CONTAINERS):
+            if len(obj) >= MIN_ITEMS:
+                size, inner = _estimate(obj)
+                found.append(Container(where, f"{type(obj).__name__} of {inner}", len(obj), size))
+                return
+            if isinstance(obj, (list, tuple)):
+                for i, item in enumerate(obj[:16]):
+                    walk(item, f"{where}[{i}]", depth + 1)
+            return
+        attrs = getattr(obj, "__dict__", None)
+        if isinstance(attrs, dict) and not isinstance(obj, type) and not callable(obj):
+            for key, value in attrs.items():
+                walk(value, f"{where}.{key}", depth + 1)
+        elif isinstance(attrs, dict) and hasattr(obj, "__getitem__"):
+            for key, value in attrs.items():
+                walk(value, f"{where}.{key}", depth + 1)
+
+    walk(dataset, path, 0)
+    return sorted(found, key=lambda c: -c.bytes)
+
+
+def _fix_for(container: Container) -> str:
+    attr = container.path.rsplit(".", 1)[-1]
+    return (
+        "# flat arrays have no per-item Python objects to copy:\n"
+        "import numpy as np\n"
+        f"self.{attr} = np.array(paths, dtype=np.bytes_)  # strings: fixed-width bytes\n"
+        f"self.labels = np.asarray(labels, dtype=np.int64)\n"
+        "# in __getitem__: path = self.paths[i].decode()"
+    )
+
+
+def check_containers(subject: Subject, facts: dict[str, Any]) -> list[Finding]:
+    """SK301: large Python containers each forked worker will copy as it reads them."""
+    root = "loader.dataset" if subject.loader is not None else "dataset"
+    containers = find_containers(subject.dataset, root)
+    facts["python_containers"] = [
+        {"path": c.path, "kind": c.kind, "items": c.items, "bytes": c.bytes} for c in containers
+    ]
+    total = sum(c.bytes for c in containers)
+    if total < COPY_WARN_BYTES:
+        return []
+    workers = subject.num_workers
+    listing = "; ".join(
+        f"`{c.path}`: {c.kind}, {c.items:,} items, ~{c.bytes / 2**20:,.1f} MiB"
+        for c in containers[:3]
+    )
+    mib = total / 2**20
+    if workers:
+        scale = f"{workers} workers may each copy it: up to {workers * mib:,.1f} MiB in all"
+    else:
+        scale = "each worker may copy it"
+    how = (
+        "forked workers copy every page whose objects they read (reference counts and the "
+        "garbage collector write to them)"
+        if subject.start_method == "fork"
+        else f"{subject.start_method} workers unpickle a private copy of them each"
+    )
+    return [
+        Finding(
+            "SK301",
+            Severity.WARNING,
+            "The dataset holds large Python containers that each worker will copy",
+            f"~{mib:,.1f} MiB of Python objects: {listing}; {scale}",
+            f"Python objects cannot be shared between worker processes: {how}. Memory grows "
+            "with every worker through the epoch until the machine swaps or the OOM killer "
+            "ends the run.",
+            _fix_for(containers[0]),
+            containers[0].path,
+        )
+    ]
+
+
+def _uss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_full_info().uss)
+
+
+def _measure_child(dataset: Any, indices: list[int], read_s: float, conn: Any) -> None:
+    try:
+        before = _uss()
+        deadline = time.monotonic() + read_s
+        read = 0
+        for i in indices:
+            dataset[i]
+            read += 1
+            if time.monotonic() > deadline:
+                break
+        gc.collect()
+        conn.send(("ok", before, _uss(), read))
+    except BaseException as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}", 0, 0))
+    finally:
+        conn.close()
+
+
+def measure_worker_growth(
+    dataset: Any, *, workers: int = MEASURE_WORKERS, read_s: float = MEASURE_READ_S
+) -> list[tuple[int, int]]:
+    """Fork ``workers`` processes that read samples, and return (USS growth, samples read) each.
+
+    Each child reads indices spread over the dataset (worker ``w`` takes every ``workers``-th
+    from offset ``w``) for up to ``read_s`` seconds, runs one ``gc.collect()`` (as workers do
+    during an epoch), and reports how many private bytes it gained since the fork. Children are
+    joined, and killed if they outlive ``MEASURE_JOIN_S``.
+
+    Raises:
+        RuntimeError: if a child fails to read a sample (the message carries its error).
+    """
+    ctx = multiprocessing.get_context("fork")
+    n = len(dataset)
+    results: list[tuple[int, int]] = []
+    procs = []
+    for w in range(workers):
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_measure_child,
+            args=(dataset, list(range(w, n, workers)), read_s, child),
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        procs.append((proc, parent))
+    errors = []
+    try:
+        for proc, conn in procs:
+            if conn.poll(MEASURE_JOIN_S):
+                status, a, b, read = conn.recv()
+                if status == "ok":
+                    results.append((max(0, int(b) - int(a)), int(read)))
+                else:
+                    errors.append(str(a))
+            else:
+                errors.append(f"worker pid {proc.pid} sent nothing within {MEASURE_JOIN_S} s")
+    finally:
+        for proc, conn in procs:
+            conn.close()
+            proc.join(MEASURE_JOIN_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            proc.close()
+    if errors:
+        raise RuntimeError("memory measurement failed: " + "; ".join(errors))
+    return results
+
+
+def check_measured_growth(subject: Subject, facts: dict[str, Any]) -> list[Finding]:
+    """SK302: forked workers measured to gain many private bytes (copy-on-read)."""
+    if subject.iterable or "fork" not in multiprocessing.get_all_start_methods():
+        facts["measured_worker_growth"] = None
+        return []
+    results = measure_worker_growth(subject.dataset)
+    n = len(subject.dataset)
+    per_worker = [{"uss_growth_bytes": g, "samples_read": r} for g, r in results]
+    facts["measured_worker_growth"] = per_worker
+    worst = max(per_worker, key=lambda d: d["uss_growth_bytes"])
+    growth = worst["uss_growth_bytes"]
+    if growth < COPY_WARN_BYTES:
+        return []
+    workers = subject.num_workers or MEASURE_WORKERS
+    return [
+        Finding(
+            "SK302",
+            Severity.WARNING,
+            "Forked workers were measured copying the dataset's memory",
+            f"a forked worker gained {growth / 2**20:,.1f} MiB of private memory (USS) after "
+            f"reading {worst['samples_read']:,} of {n:,} samples and one garbage collection; "
+            f"x {workers} workers = {workers * growth / 2**20:,.1f} MiB",
+            "Memory that should stay shared with the parent is being copied into each worker "
+            "(copy-on-read of Python objects); it grows with workers and through the epoch.",
+            "# store per-sample metadata in numpy arrays, not lists/dicts of Python objects\n"
+            "# and freeze the parent's objects before the workers fork:\n"
+            "import gc\ngc.freeze()  # after building the dataset, before iter(loader)",
+            "loader.dataset" if subject.loader is not None else "dataset",
+        )
+    ]
