@@ -11,7 +11,7 @@ Definitions (every threshold is a named constant below):
 * **sawtooth**: in a window of at least ``SAWTOOTH_MIN_STEPS`` steps, a *spike* is a wait above
   ``b + max(SPIKE_MIN_EXCESS_S, SPIKE_FACTOR * b)`` where ``b`` is the window's 25th percentile
   wait. The window shows a sawtooth when there are at least ``SAWTOOTH_MIN_SPIKES`` spikes, at
-  most every other step is one, the most common gap between spikes (the *period*, >= 2) covers
+  most ``SAWTOOTH_MAX_SPIKE_SHARE`` of the steps are spikes, the most common gap between spikes (the *period*, >= 2) covers
   at least ``SAWTOOTH_REGULARITY`` of the gaps (within ``period // 4`` steps), and the spikes'
   waits cost at least ``SAWTOOTH_MIN_COST`` of the window's step time.
 * **verdict**: ``healthy`` below ``HEALTHY_MAX_WAIT``, ``starved`` at or above
@@ -21,6 +21,7 @@ Definitions (every threshold is a named constant below):
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "diagnose",
     "find_sawtooth",
     "percentile",
+    "scan_sawtooth",
     "wait_fraction",
 ]
 
@@ -43,6 +45,7 @@ STALL_MIN_EXCESS_S = 0.050
 
 SAWTOOTH_MIN_STEPS = 24
 SAWTOOTH_MIN_SPIKES = 4
+SAWTOOTH_MAX_SPIKE_SHARE = 0.6
 SPIKE_FACTOR = 3.0
 SPIKE_MIN_EXCESS_S = 0.001
 SAWTOOTH_REGULARITY = 0.7
@@ -165,7 +168,7 @@ def find_sawtooth(
     base = percentile(waits, 25)
     limit = base + max(SPIKE_MIN_EXCESS_S, SPIKE_FACTOR * base)
     spikes = [i for i, w in enumerate(waits) if w > limit]
-    if len(spikes) < SAWTOOTH_MIN_SPIKES or len(spikes) > n // 2:
+    if len(spikes) < SAWTOOTH_MIN_SPIKES or len(spikes) > n * SAWTOOTH_MAX_SPIKE_SHARE:
         return None
     gaps = [b - a for a, b in itertools.pairwise(spikes)]
     counts = Counter(gaps)
@@ -188,7 +191,29 @@ def find_sawtooth(
         spike_wait_s=spike_wait / len(spikes),
         base_wait_s=base,
         cost_fraction=min(1.0, cost),
+        first_spike=spikes[0],
     )
+
+
+def scan_sawtooth(
+    waits: Sequence[float], computes: Sequence[float], *, window: int = 256
+) -> Sawtooth | None:
+    """Run :func:`find_sawtooth` over windows of ``window`` steps (half overlapping).
+
+    A sawtooth often holds for only part of a run (after warm-up, in one epoch), which a single
+    whole-run analysis would dilute; the costliest window found wins.
+
+    Returns:
+        The costliest :class:`Sawtooth`, its ``first_spike`` counted from the series start.
+    """
+    best: Sawtooth | None = None
+    n = len(waits)
+    starts = range(0, max(n - window, 0) + 1, max(window // 2, 1))
+    for start in [*starts, max(n - window, 0)]:
+        found = find_sawtooth(waits[start : start + window], computes[start : start + window])
+        if found is not None and (best is None or found.cost_fraction > best.cost_fraction):
+            best = dataclasses.replace(found, first_spike=found.first_spike + start)
+    return best
 
 
 def _verdict(fraction: float) -> Verdict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import time
 from typing import Any
 
 import psutil
@@ -120,14 +121,17 @@ class LoaderProbe:
         fractions, seen = [], {}
         for pid in pids:
             try:
-                t = psutil.Process(pid).cpu_times()
+                proc = psutil.Process(pid)
+                t = proc.cpu_times()
+                cpu = t.user + t.system
+                before = self._cpu.get(pid)
+                if dt and before is not None and cpu >= before:
+                    fractions.append(_clamp((cpu - before) / dt))
+                else:  # first sample: CPU share over the process's lifetime
+                    fractions.append(_clamp(cpu / max(time.time() - proc.create_time(), 1e-3)))
             except (psutil.Error, OSError):
                 continue
-            cpu = t.user + t.system
             seen[pid] = cpu
-            before = self._cpu.get(pid)
-            if dt and before is not None and cpu >= before:
-                fractions.append(_clamp((cpu - before) / dt))
         self._cpu = seen
         return sum(fractions) / len(fractions) if fractions else None
 

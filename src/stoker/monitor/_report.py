@@ -6,6 +6,7 @@ uses, so it is exact (the live summary's percentiles come from a histogram).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -18,8 +19,8 @@ from stoker.errors import ConfigError
 from stoker.monitor._detect import (
     StallDetector,
     diagnose,
-    find_sawtooth,
     percentile,
+    scan_sawtooth,
     wait_fraction,
 )
 from stoker.monitor._sinks import SCHEMA, SCHEMA_VERSION
@@ -190,13 +191,13 @@ def summarize(run: RunLog, *, cores: int | None = None) -> WatchSummary:
     # Wall time: each pass from its first request to the end of its last step.
     bounds = [0, *run.epoch_starts, run.steps]
     elapsed = 0.0
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+    for a, b in itertools.pairwise(bounds):
         if b > a:
             elapsed += float(run.t[b - 1] + run.wait[b - 1] + run.compute[b - 1] - run.t[a])
     sized = not bool(np.isnan(run.size).any())
     samples = int(run.size.sum()) if sized else None
     stalls = find_stalls(run)
-    saw = find_sawtooth(wait, compute)
+    saw = scan_sawtooth(wait, compute)
     last = run.intervals[-1] if run.intervals else None
     verdict, text, action = diagnose(
         frac,

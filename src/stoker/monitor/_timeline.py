@@ -49,7 +49,9 @@ def _zoom_start(run: RunLog, summary: WatchSummary) -> int:
     n = run.steps
     if n <= ZOOM_STEPS:
         return 0
-    if summary.sawtooth is None and summary.stalls:
+    if summary.sawtooth is not None:
+        start = summary.sawtooth.first_spike + ZOOM_STEPS // 4
+    elif summary.stalls:
         worst = max(summary.stalls, key=lambda s: s.wait_s)
         start = worst.step - ZOOM_STEPS // 2
     else:  # the middle of the run after warm-up: the steady state
@@ -134,11 +136,18 @@ def plot_timeline(run: RunLog, summary: WatchSummary, path: str | os.PathLike[st
     ax_zoom.bar(
         zs, comp_ms[z0:z1], width=0.85, bottom=wait_ms[z0:z1], color=COMPUTE_COLOR, label="compute"
     )
+    ax_zoom.axhline(float(np.median(comp_ms)), color=COMPUTE_COLOR, ls=":", lw=1)
     in_zoom = stall_idx[(stall_idx >= z0) & (stall_idx < z1)]
-    if len(in_zoom):
-        ax_zoom.scatter(
-            in_zoom, wait_ms[in_zoom] + comp_ms[in_zoom], marker="v", s=60, color="black", zorder=5
-        )
+    z_tot = wait_ms[z0:z1] + comp_ms[z0:z1]
+    calm = np.delete(z_tot, in_zoom - z0) if len(in_zoom) < len(z_tot) else z_tot
+    z_top = float(np.max(calm)) * 1.3 if len(calm) else 1.0
+    for i in in_zoom:  # stalls stay visible but do not flatten the other bars
+        ax_zoom.scatter([i], [min(z_tot[i - z0], z_top * 0.95)], marker="v", s=60, color="black")
+        ax_zoom.annotate(
+            f"stall {wait_ms[i]:.0f} ms", (i, z_top * 0.95), xytext=(6, -4),
+            textcoords="offset points", fontsize=8,
+        )  # fmt: skip
+    ax_zoom.set_ylim(0, z_top)
     what = f"zoom on steps {z0}-{z1 - 1}"
     if summary.sawtooth is not None:
         what += f": wait spikes every {summary.sawtooth.period} steps (sawtooth)"

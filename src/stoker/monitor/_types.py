@@ -64,6 +64,7 @@ class Sawtooth:
         spike_wait_s: mean wait of a spike step.
         base_wait_s: typical wait of the other steps (25th percentile of the window).
         cost_fraction: share of the window's step time spent in the spikes' waits.
+        first_spike: index of the first spike in the analysed series.
     """
 
     period: int
@@ -72,6 +73,7 @@ class Sawtooth:
     spike_wait_s: float
     base_wait_s: float
     cost_fraction: float
+    first_spike: int = 0
 
     def __post_init__(self) -> None:
         if self.period < 2:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import time
@@ -158,7 +159,13 @@ class Watch(Generic[T]):
         frac = wait_fraction(iv.wait_s, iv.compute_s)
         saw = find_sawtooth(list(m.recent_wait), list(m.recent_compute))
         if self._probe.enabled:
-            self._health = self._probe.sample(now)
+            health, before = self._probe.sample(now), self._health
+            if health is not None and health.busy_fraction is None and before is not None:
+                # workers already gone (end of a pass): keep the last busy fraction seen
+                health = dataclasses.replace(
+                    health, busy_fraction=before.busy_fraction, busy_source=before.busy_source
+                )
+            self._health = health
         verdict, text, action = diagnose(
             frac,
             loader=self._health,
