@@ -7,12 +7,11 @@ from typing import Any
 import torch
 
 from stoker.doctor._finding import Diagnosis, Finding
+from stoker.doctor._handles import check_cuda_fork, check_handles
 from stoker.doctor._memory import check_containers, check_measured_growth
 from stoker.doctor._pickling import check_pickling
 from stoker.doctor._resources import check_resources
 from stoker.doctor._runtime import (
-    check_cuda_fork,
-    check_handles,
     check_process,
     check_sample_types,
     check_sampling,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stoker.doctor._finding import Finding, Severity
+from stoker.doctor._handles import handle_kind
 from stoker.doctor._subject import Subject
 
 __all__ = ["check_pickling", "locate_unpicklable"]
@@ -40,7 +41,7 @@ def _std_dumps(obj: Any) -> bytes:
 def _cloud_dumps(obj: Any) -> bytes:
     import cloudpickle
 
-    return cloudpickle.dumps(obj)  # type: ignore[no-any-return]
+    return cloudpickle.dumps(obj)
 
 
 def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -140,6 +141,8 @@ def check_pickling(subject: Subject, facts: dict[str, Any]) -> list[Finding]:
                 findings.extend(_check_pickle_size(subject, size))
             continue
         path, obj, error = found
+        if subject.start_method == "fork" and handle_kind(obj) is not None:
+            continue  # a handle inherited by fork: SK405 reports it, with the same fix
         if subject.has_workers and spawning:
             severity = Severity.ERROR
             when = (

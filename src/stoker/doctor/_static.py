@@ -140,7 +140,8 @@ def _check_unpicklable_callables(script: Script) -> Iterator[Finding]:
                     "SK003",
                     severity,
                     f"`{kw.arg}` is given {what.split(',')[0]}, which cannot be pickled",
-                    f"line {bad.lineno}: `{kw.arg}={script.segment(kw.value)}` passes {what}",
+                    f"line {getattr(bad, 'lineno', '?')}: "
+                    f"`{kw.arg}={script.segment(kw.value)}` passes {what}",
                     "Workers started by spawn or forkserver receive the dataset, `collate_fn` "
                     "and `worker_init_fn` by pickle, and pickle stores functions by their "
                     "importable module-level name: lambdas and nested functions have none "
@@ -272,7 +273,7 @@ def _check_worker_count(script: Script, cores: int) -> Iterator[Finding]:
     """SK008 num_workers from cpu_count(), SK009 more workers than usable cores."""
     for call in script.loaders:
         node = call.args.get("num_workers")
-        if script.uses_cpu_count(node):
+        if node is not None and script.uses_cpu_count(node):
             yield Finding(
                 "SK008",
                 Severity.WARNING,
@@ -355,9 +356,8 @@ def _check_shuffle_with_sampler(script: Script) -> Iterator[Finding]:
         if script.bool_value(call.args.get("shuffle")) is not True:
             continue
         other = next((k for k in ("sampler", "batch_sampler") if k in call.args), None)
-        if other is None or (
-            isinstance(call.args[other], ast.Constant) and call.args[other].value is None
-        ):
+        value = call.args[other] if other is not None else None
+        if value is None or (isinstance(value, ast.Constant) and value.value is None):
             continue
         yield Finding(
             "SK012",

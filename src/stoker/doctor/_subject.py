@@ -169,4 +169,4 @@ def load_factory(spec: str) -> Callable[[], Any]:
         raise ConfigError(
             f"module {module_name!r} has no attribute {attr!r}. Found: {', '.join(names[:20])}."
         ) from None
-    return factory  # type: ignore[no-any-return]
+    return factory
