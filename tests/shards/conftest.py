@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import multiprocessing.resource_tracker
 import os
 import sys
 from pathlib import Path
@@ -40,10 +41,19 @@ def make_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: in
         (folder / "nested").mkdir(parents=True)
         for i in range(per_class):
             pixels = rng.integers(0, 255, (size, size + i, 3), dtype=np.uint8)
-            target = folder / ("nested" if i % 3 == 0 else "") / f"img_{i}.{'jpeg' if i == 1 else 'jpg'}"
+            target = (
+                folder / ("nested" if i % 3 == 0 else "") / f"img_{i}.{'jpeg' if i == 1 else 'jpg'}"
+            )
             Image.fromarray(pixels).save(target, quality=90)
         (folder / "notes.txt").write_text("not an image")
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker_running() -> None:
+    # Spawned workers start multiprocessing's session-long resource tracker; start it before
+    # the first test so that the leak fixture does not blame the test that triggered it.
+    multiprocessing.resource_tracker.ensure_running()
 
 
 @pytest.fixture
@@ -54,5 +64,7 @@ def image_folder(tmp_path: Path) -> Path:
 @pytest.fixture
 def packed(image_folder: Path, tmp_path: Path) -> Path:
     out = tmp_path / "shards"
-    assert run_cli("pack", str(image_folder), str(out), "--shard-size", "20KB", "--no-progress") == 0
+    assert (
+        run_cli("pack", str(image_folder), str(out), "--shard-size", "20KB", "--no-progress") == 0
+    )
     return out

@@ -39,12 +39,12 @@ def _image(data: Any, mode: ImageMode) -> Any:
     image.load()
     if mode == "pil":
         return image
-    array = np.asarray(image.convert("RGB") if image.mode not in ("RGB", "L") else image)
+    array = np.array(image.convert("RGB") if image.mode not in ("RGB", "L") else image)
     if mode == "numpy":
         return array
     import torch
 
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    tensor = torch.from_numpy(array)
     return tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1).contiguous()
 
 

@@ -46,6 +46,50 @@ def _group_lmdb_keys(keys: Sequence[bytes]) -> list[tuple[str, tuple[tuple[str, 
     return [(k, tuple(m)) for k, m in samples]
 
 
+# py-lmdb refuses to open an environment twice in one process, and a forked child inherits the
+# parent's registration. Environments are therefore shared per process and reference-counted;
+# a child first closes what it inherited (read-only and lock-free, so closing there is safe).
+_lmdb_envs: dict[str, list[Any]] = {}  # path -> [env, refcount, owner pid]
+
+
+def _lmdb_acquire(path: str, subdir: bool) -> Any:
+    import lmdb
+
+    entry = _lmdb_envs.get(path)
+    if entry is not None and entry[2] != os.getpid():
+        entry[0].close()
+        entry = None
+    if entry is None:
+        try:
+            env = lmdb.open(
+                path,
+                subdir=subdir,
+                readonly=True,
+                lock=False,
+                readahead=False,
+                meminit=False,
+                max_readers=2048,
+            )
+        except lmdb.Error as exc:
+            raise ShardError(
+                f"cannot open LMDB environment {path!r}: {exc} (close other handles to it in "
+                "this process first)."
+            ) from exc
+        entry = _lmdb_envs[path] = [env, 0, os.getpid()]
+    entry[1] += 1
+    return entry[0]
+
+
+def _lmdb_release(path: str) -> None:
+    entry = _lmdb_envs.get(path)
+    if entry is None or entry[2] != os.getpid():
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        entry[0].close()
+        del _lmdb_envs[path]
+
+
 class LMDBDataset(tud.Dataset[Any]):
     """Random access to the samples of an LMDB environment.
 
@@ -81,24 +125,11 @@ class LMDBDataset(tud.Dataset[Any]):
             with env.begin() as txn:
                 keys = list(txn.cursor().iternext(keys=True, values=False))
         finally:
-            env.close()
+            _lmdb_release(self.path)
         self._samples = _group_lmdb_keys(keys)
 
     def _open(self) -> Any:
-        import lmdb
-
-        try:
-            return lmdb.open(
-                self.path,
-                subdir=self._subdir,
-                readonly=True,
-                lock=False,
-                readahead=False,
-                meminit=False,
-                max_readers=2048,
-            )
-        except lmdb.Error as exc:
-            raise ShardError(f"cannot open LMDB environment {self.path!r}: {exc}") from exc
+        return _lmdb_acquire(self.path, self._subdir)
 
     def _handle(self) -> Any:
         if self._env is None or self._pid != os.getpid():
@@ -133,7 +164,7 @@ class LMDBDataset(tud.Dataset[Any]):
     def close(self) -> None:
         """Close this process's environment handle (it reopens on the next access)."""
         if self._env is not None and self._pid == os.getpid():
-            self._env.close()
+            _lmdb_release(self.path)
         self._env = None
 
     def __getstate__(self) -> dict[str, Any]:
