@@ -109,7 +109,7 @@ def test_refuses_a_non_empty_output_and_bad_arguments(image_folder: Path, tmp_pa
     (out / "x").write_text("")
     with pytest.raises(ShardError, match="not empty"):
         pack(image_folder, out)
-    with pytest.raises(ConfigError, match="`workers` must be an int >= 1. Found: 0"):
+    with pytest.raises(ConfigError, match=r"`workers` must be an int >= 1\. Found: 0"):
         pack(image_folder, tmp_path / "o2", workers=0)
     with pytest.raises(ConfigError, match="`shard_size`"):
         pack(image_folder, tmp_path / "o3", shard_size=100)

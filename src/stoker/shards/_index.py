@@ -308,6 +308,11 @@ def read_index(directory: str | os.PathLike[str]) -> ShardIndex:
     """
     directory = Path(directory)
     path = directory / INDEX_NAME
+    if not directory.exists():
+        raise IncompleteShardsError(
+            f"shard directory {str(directory)!r} does not exist; write shards into it with "
+            f"`stoker pack SRC {directory}`."
+        )
     if not directory.is_dir():
         raise ShardError(f"`path` must be a shard directory. Found: {str(directory)!r}.")
     if not path.exists():
