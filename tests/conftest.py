@@ -37,12 +37,14 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("allow_leaks"):
         yield
         return
-    gc.collect()
     children, shm, fds = _children(), _shm_entries(), _fd_count()
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
+    first = True
     while True:
-        gc.collect()
+        if not first:  # collecting is slow: only when something looks leaked
+            gc.collect()
+        first = False
         new_children = _children() - children
         new_shm = _shm_entries() - shm
         new_fds = _fd_count() - fds

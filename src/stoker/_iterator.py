@@ -29,7 +29,7 @@ from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_free_bytes, usable_cores
 from stoker._seeding import batch_seed
 from stoker._stats import LoaderStats, WorkerStats
-from stoker.errors import WorkerError, WorkerTimeoutError
+from stoker.errors import ConfigError, WorkerError, WorkerTimeoutError
 from stoker.transport import SlotMap, decode, reclaim_stale_segments, slot_prefix
 from stoker.workers import WorkerPool
 from stoker.workers._errors import unpack_exception
@@ -67,7 +67,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         self._prefetch = max(1, int(loader.prefetch_factor or 2))
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
         self._epoch = -1
-        self._epoch_seed = self._base_seed
+        self._epoch_seed: int = int(self._base_seed)
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
@@ -90,7 +90,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             WorkerSpec(
                 worker_id=i,
                 num_workers=n,
-                seed=self._base_seed + i,
+                seed=int(self._base_seed) + i,
                 slot_prefix=prefix,
                 slot_budget=budget,
                 threads=threads,
@@ -100,7 +100,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             )
             for i in range(n)
         ]
-        self._pool = WorkerPool(ctx, specs, (self._dataset, self._collate_fn, loader.worker_init_fn))
+        self._pool = WorkerPool(
+            ctx, specs, (self._dataset, self._collate_fn, loader.worker_init_fn)
+        )
         self._workers = self._pool.processes
         _LIVE.add(self)
         self._reset(loader, first_iter=True)
@@ -129,16 +131,29 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         self._rr = itertools.cycle(range(self._num_workers))
         self._wait_s = 0.0
         self._samples = 0
-        changes = self._tracker.changes()
         set_epoch = loader._epoch_request
         loader._epoch_request = None
-        msg = pickle.dumps(
-            ("E", self._epoch, cloudpickle.dumps(changes) if changes else None, set_epoch),
-            protocol=_PROTOCOL,
+        start = pickle.dumps(
+            ("E", self._epoch, self._pickled_changes(), set_epoch), protocol=_PROTOCOL
         )
         for i in range(self._num_workers):
-            pool.send_ctrl(i, msg)
+            pool.send_ctrl(i, start)
         self._fill()
+
+    def _pickled_changes(self) -> bytes | None:
+        changes = self._tracker.changes()
+        if not changes:
+            return None
+        try:
+            return cloudpickle.dumps(changes)
+        except Exception as exc:
+            names = ", ".join("dataset." + ".".join(path) for path, _ in changes)
+            raise ConfigError(
+                f"The dataset attributes {names} changed in the main process since the last "
+                f"epoch, but stoker cannot send them to the persistent workers: {exc}. Keep "
+                "unpicklable objects (open files, locks, sockets) out of attributes that change "
+                "between epochs, or pass `persistent_workers=False`."
+            ) from exc
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -262,7 +277,6 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     def _discard(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "D" and msg[5] is not None:
             with contextlib.suppress(OSError):
-                self._slots.open(msg[5])
                 self._slots.release(msg[5])
 
     def _deliver(self, idx: int, reply: tuple[tuple[Any, ...], Any]) -> Any:

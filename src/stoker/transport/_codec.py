@@ -9,7 +9,6 @@ views of one owner array whose finalizer frees the slot once the last view is go
 from __future__ import annotations
 
 import io
-import mmap
 import pickle
 import weakref
 from typing import Any
@@ -24,10 +23,22 @@ __all__ = ["EncodedBatch", "decode", "encode"]
 _DTYPES: tuple[torch.dtype, ...] = tuple(
     dt
     for dt in (
-        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
-        torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
-        getattr(torch, "uint16", None), getattr(torch, "uint32", None),
-        getattr(torch, "uint64", None), getattr(torch, "float8_e4m3fn", None),
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+        getattr(torch, "uint16", None),
+        getattr(torch, "uint32", None),
+        getattr(torch, "uint64", None),
+        getattr(torch, "float8_e4m3fn", None),
         getattr(torch, "float8_e5m2", None),
     )
     if dt is not None
@@ -50,7 +61,7 @@ class _SlotPickler(pickle.Pickler):
         self.placed = 0  # leaves placed in the slot
         self.overflow = False
 
-    def persistent_id(self, obj: Any) -> Any:  # noqa: C901 - one branch per leaf kind
+    def persistent_id(self, obj: Any) -> Any:
         t = type(obj)
         if t is torch.Tensor:
             if (
@@ -158,9 +169,9 @@ def decode(payload: bytes, slot: str | None, slots: SlotMap) -> Any:
     """Rebuild a batch; its tensors view the slot, which is freed when the last view dies."""
     if slot is None:
         return pickle.loads(payload)
-    mm: mmap.mmap = slots.open(slot)
-    owner = np.frombuffer(mm, dtype=np.uint8)
-    finalizer = weakref.finalize(owner, release, mm)
+    buf: Any = slots.open(slot)
+    owner = np.frombuffer(buf, dtype=np.uint8)
+    finalizer = weakref.finalize(owner, release, buf)
     finalizer.atexit = False
     unpickler = _ViewUnpickler(io.BytesIO(payload), owner)
     del owner

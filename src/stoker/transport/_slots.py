@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -13,6 +14,7 @@ import torch
 
 from stoker._platform import shm_dir, shm_free_bytes
 from stoker.errors import SharedMemoryError
+from stoker.transport._mapping import map_file
 
 __all__ = [
     "ALIGN",
@@ -50,7 +52,7 @@ def slot_prefix(owner_pid: int, pool_id: int) -> str:
 @dataclass
 class _Slot:
     name: str
-    mm: mmap.mmap
+    buf: ctypes.Array[ctypes.c_uint8]  # owns the mapping
     size: int
     base: torch.Tensor  # uint8 view of the whole mapping
     addr: int = field(init=False)
@@ -60,7 +62,7 @@ class _Slot:
 
     @property
     def free(self) -> bool:
-        return self.mm[0] == FREE
+        return self.buf[0] == FREE
 
 
 class SlotArena:
@@ -123,10 +125,10 @@ class SlotArena:
                         "or lower `prefetch_factor`/`batch_size`.",
                     ) from exc
                 raise
-            mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        slot = _Slot(name, mm, size, torch.frombuffer(mm, dtype=torch.uint8))
+        buf = map_file(path, size)
+        slot = _Slot(name, buf, size, torch.frombuffer(buf, dtype=torch.uint8))
         self._slots.append(slot)
         return slot
 
@@ -193,7 +195,7 @@ class SlotArena:
         slot = self.current
         if slot is None:
             return None
-        slot.mm[0] = BUSY
+        slot.buf[0] = BUSY
         self.current = None
         return slot.name
 
@@ -211,16 +213,22 @@ class SlotArena:
 class SlotMap:
     """The main process's mappings of worker slots, opened once by name and reused.
 
+    A mapping holds no file descriptor; it is unmapped once the map forgets it and no batch
+    views it any more.
+
     Args:
         directory: shared-memory directory. Default: ``stoker._platform.shm_dir()``.
     """
 
     def __init__(self, directory: str | None = None) -> None:
         self._dir = directory or shm_dir()
-        self._maps: dict[str, mmap.mmap] = {}
+        self._maps: dict[str, ctypes.Array[ctypes.c_uint8]] = {}
 
     def __len__(self) -> int:
         return len(self._maps)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._maps
 
     @property
     def nbytes(self) -> int:
@@ -230,16 +238,12 @@ class SlotMap:
         """Slots whose state byte says a batch is queued in them or still referenced."""
         return sum(1 for m in self._maps.values() if m[0] != FREE)
 
-    def open(self, name: str) -> mmap.mmap:
-        mm = self._maps.get(name)
-        if mm is None:
-            fd = os.open(os.path.join(self._dir, name), os.O_RDWR)
-            try:
-                mm = mmap.mmap(fd, 0)
-            finally:
-                os.close(fd)
-            self._maps[name] = mm
-        return mm
+    def open(self, name: str) -> ctypes.Array[ctypes.c_uint8]:
+        """The byte array over slot ``name``, mapped on first use."""
+        buf = self._maps.get(name)
+        if buf is None:
+            buf = self._maps[name] = map_file(os.path.join(self._dir, name))
+        return buf
 
     def forget(self, names: list[str]) -> None:
         """Drop mappings of slots their worker retired (memory goes once no view uses it)."""
@@ -247,21 +251,16 @@ class SlotMap:
             self._maps.pop(name, None)
 
     def release(self, name: str) -> None:
-        """Mark a slot FREE without delivering it (stale or abandoned batch)."""
-        mm = self._maps.get(name)
-        if mm is not None:
-            release(mm)
+        """Mark slot ``name`` FREE without delivering its batch (stale or abandoned)."""
+        release(self.open(name))
 
     def clear(self) -> None:
         self._maps.clear()
 
 
-def release(mm: mmap.mmap) -> None:
+def release(buf: ctypes.Array[ctypes.c_uint8]) -> None:
     """Finalizer: the last view of a batch is gone; the worker may reuse its slot."""
-    try:
-        mm[0] = FREE
-    except ValueError:  # mapping already closed
-        pass
+    buf[0] = FREE
 
 
 def unlink_owned(prefix: str, directory: str | None = None) -> int:

@@ -43,7 +43,9 @@ def unpack_exception(
         except TypeError:
             shown = [indices]
         more = len(shown) - _MAX_INDICES_SHOWN
-        idx_text = str(shown[:_MAX_INDICES_SHOWN])[:-1] + (f", ... {more} more]" if more > 0 else "]")
+        idx_text = str(shown[:_MAX_INDICES_SHOWN])[:-1] + (
+            f", ... {more} more]" if more > 0 else "]"
+        )
         note = f"Raised in stoker worker {worker_id} (pid {pid}) while {where} {idx_text}."
     else:
         note = f"Raised in stoker worker {worker_id} (pid {pid}) while {where}."

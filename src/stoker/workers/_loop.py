@@ -78,8 +78,9 @@ def _cap_threads(n: int) -> None:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any,
-                 ctrl: Any, out: Any) -> None:
+    def __init__(
+        self, spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any, ctrl: Any, out: Any
+    ) -> None:
         self.spec = spec
         if isinstance(payload, bytes):
             payload = cloudpickle.loads(payload)
@@ -164,12 +165,30 @@ class _Worker:
             return
         except Exception as exc:
             arena.current = None
-            self.send(("X", epoch, idx, self.spec.worker_id,
-                       pack_exception(exc, "loading the samples at indices")))
+            self.send(
+                (
+                    "X",
+                    epoch,
+                    idx,
+                    self.spec.worker_id,
+                    pack_exception(exc, "loading the samples at indices"),
+                )
+            )
             return
         busy = time.perf_counter() - t0
-        self.send(("D", epoch, idx, self.spec.worker_id, busy, enc.slot, arena.take_retired(),
-                   enc.payload, enc.fallback))
+        self.send(
+            (
+                "D",
+                epoch,
+                idx,
+                self.spec.worker_id,
+                busy,
+                enc.slot,
+                arena.take_retired(),
+                enc.payload,
+                enc.fallback,
+            )
+        )
 
     def loop(self) -> None:
         iterable = self.spec.iterable
@@ -190,13 +209,15 @@ class _Worker:
             self.run_task(msg)
 
 
-def worker_main(spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any, ctrl: Any,
-                out: Any) -> None:
+def worker_main(
+    spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any, ctrl: Any, out: Any
+) -> None:
     """Entry point of a worker process."""
     # Ctrl-C is the main process's to handle; it then stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True,
-                     name="stoker-parent-watch").start()
+    threading.Thread(
+        target=_watch_parent, args=(os.getppid(),), daemon=True, name="stoker-parent-watch"
+    ).start()
     try:
         from torch.utils.data._utils import signal_handling
 
@@ -213,8 +234,11 @@ def worker_main(spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any
         pass
     except BaseException as exc:
         try:
-            out.send_bytes(pickle.dumps(("F", spec.worker_id, pack_exception(exc, "starting")),
-                                        protocol=_PROTOCOL))
+            out.send_bytes(
+                pickle.dumps(
+                    ("F", spec.worker_id, pack_exception(exc, "starting")), protocol=_PROTOCOL
+                )
+            )
         except Exception:
             pass
     finally:

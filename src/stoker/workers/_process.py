@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gc
-import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import signal
@@ -76,7 +75,7 @@ class WorkerPool:
     def __init__(self, ctx: Any, specs: list[WorkerSpec], payload: tuple[Any, ...]) -> None:
         self._ctx = ctx
         self.start_method: str = ctx.get_start_method()
-        self.owner_pid = os.getpid()
+        self.slot_prefix = specs[0].slot_prefix if specs else ""
         self.task_reader, self.task_writer = ctx.Pipe(duplex=False)
         _enlarge(self.task_writer)
         self.task_lock = ctx.Lock()
@@ -173,4 +172,4 @@ class WorkerPool:
         for p in self.processes:
             with contextlib.suppress(ValueError, AttributeError):
                 p.close()
-        unlink_owned(self.owner_pid)
+        unlink_owned(self.slot_prefix)

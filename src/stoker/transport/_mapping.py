@@ -1,0 +1,77 @@
+"""Shared file mappings that hold no file descriptor.
+
+CPython's ``mmap.mmap`` keeps a duplicate of the file descriptor for the mapping's whole
+life, so a loader with hundreds of slots would hold hundreds of fds (and hit a low
+``RLIMIT_NOFILE``). :func:`map_file` maps the file with libc's ``mmap``, closes the fd at
+once, and returns a ctypes byte array over the mapping that unmaps it when the array and
+everything viewing it (``numpy.frombuffer``, ``torch.frombuffer``) are gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from typing import Any
+
+__all__ = ["map_file"]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_munmap = _libc.munmap  # bound early: __del__ may run during interpreter teardown
+
+
+class _Unmapper:
+    """Unmaps a region when collected; held only by the byte array over that region."""
+
+    __slots__ = ("addr", "size")
+
+    def __init__(self, addr: int, size: int) -> None:
+        self.addr = addr
+        self.size = size
+
+    def __del__(self) -> None:
+        if self.addr:
+            _munmap(self.addr, self.size)
+            self.addr = 0
+
+
+def map_file(path: str, size: int | None = None) -> Any:
+    """Map ``path`` read-write and shared; returns a ``ctypes.c_uint8`` array over it.
+
+    Args:
+        path: the file; it must exist with at least ``size`` bytes.
+        size: bytes to map. Default: the file's size.
+
+    Returns:
+        A byte array (buffer protocol, indexable: ``buf[0] = 1``) that owns the mapping.
+
+    Raises:
+        OSError: if the file cannot be opened or mapped.
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if size is None:
+            size = os.fstat(fd).st_size
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    finally:
+        os.close(fd)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {path} ({size} bytes) failed: {os.strerror(err)}")
+    # A subclass per size gets a __dict__, so the array can own its unmapper.
+    array_type: Any = type("SlotBytes", (ctypes.c_uint8 * size,), {})
+    buf = array_type.from_address(addr)
+    buf.unmapper = _Unmapper(addr, size)
+    return buf

@@ -1,0 +1,201 @@
+"""Encoding batches into slots and rebuilding them as views, in one process."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+from torch.utils.data._utils import collate as torch_collate
+
+from stoker.transport import SlotArena, SlotMap, decode, encode, slot_prefix, unlink_owned
+from stoker.transport._codec import _DTYPES
+from stoker.workers import _collate
+
+_ids = itertools.count(1_000_000)
+Pair = namedtuple("Pair", ["image", "label"])
+
+
+@dataclass
+class Sample:
+    x: torch.Tensor
+    name: str
+
+
+@pytest.fixture
+def pool():
+    prefix = slot_prefix(os.getpid(), next(_ids))
+    arena = SlotArena(prefix, 0, budget_bytes=64 << 20)
+    slots = SlotMap()
+    yield arena, slots
+    arena.close()
+    slots.clear()
+    unlink_owned(prefix)
+
+
+@pytest.fixture
+def collate_into_slots(pool):
+    saved = torch_collate.default_collate_fn_map[torch.Tensor]
+    _collate.install(pool[0])
+    yield pool
+    torch_collate.default_collate_fn_map[torch.Tensor] = saved
+    _collate._arena = None
+
+
+def roundtrip(batch, arena, slots):
+    arena.begin()
+    enc = encode(batch, arena)
+    return decode(enc.payload, enc.slot, slots), enc
+
+
+def _sample_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape).to(dtype)
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    return torch.randint(0, 100, shape).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 0, 4), (4, 3, 5)])
+def test_every_dtype_and_shape_survives(pool, dtype, shape):
+    arena, slots = pool
+    t = _sample_tensor(dtype, shape)
+    out, enc = roundtrip({"t": t}, arena, slots)
+    assert out["t"].dtype == dtype and out["t"].shape == t.shape
+    as_bytes = out["t"].reshape(-1).view(torch.uint8)
+    assert torch.equal(as_bytes, t.reshape(-1).contiguous().view(torch.uint8))
+    assert enc.slot is not None and not enc.fallback
+
+
+def test_numpy_arrays_of_any_layout_survive(pool):
+    arena, slots = pool
+    arrays = [
+        np.arange(12, dtype=">i4").reshape(3, 4),
+        np.zeros(3, dtype=[("a", "<f8"), ("b", "u1")]),
+        np.arange(20, dtype=np.float32).reshape(4, 5).T,
+        np.array(7, dtype=np.int16),
+    ]
+    out, enc = roundtrip(arrays, arena, slots)
+    for got, want in zip(out, arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert enc.slot is not None
+
+
+def test_nested_structures_keep_their_types(pool):
+    arena, slots = pool
+    batch = {
+        "pair": Pair(torch.ones(2, 3), torch.tensor([1, 2])),
+        "samples": [Sample(torch.arange(4), "a"), Sample(torch.arange(2), "b")],
+        "names": ["x", "y"],
+        "n": 3,
+        "nothing": None,
+        "t": (torch.zeros(1), 2.5),
+    }
+    out, _ = roundtrip(batch, arena, slots)
+    assert isinstance(out["pair"], Pair) and torch.equal(out["pair"].image, torch.ones(2, 3))
+    assert [s.name for s in out["samples"]] == ["a", "b"]
+    assert torch.equal(out["samples"][0].x, torch.arange(4))
+    assert out["names"] == ["x", "y"] and out["n"] == 3 and out["nothing"] is None
+    assert out["t"][1] == 2.5
+
+
+def test_non_contiguous_tensor_arrives_with_the_same_values(pool):
+    arena, slots = pool
+    t = torch.arange(24.0).reshape(4, 6).t()
+    out, _ = roundtrip(t, arena, slots)
+    assert torch.equal(out, t)
+
+
+def test_tensor_that_requires_grad_takes_the_ordinary_path(pool):
+    arena, slots = pool
+    t = torch.ones(3, requires_grad=True)
+    out, enc = roundtrip([t, torch.zeros(2)], arena, slots)
+    assert out[0].requires_grad and torch.equal(out[0].detach(), torch.ones(3))
+    assert torch.equal(out[1], torch.zeros(2))
+
+
+def test_batch_without_tensors_uses_no_slot(pool):
+    arena, slots = pool
+    out, enc = roundtrip({"names": ["a", "b"], "n": [1, 2]}, arena, slots)
+    assert out == {"names": ["a", "b"], "n": [1, 2]}
+    assert enc.slot is None and not enc.fallback
+
+
+def test_slot_is_freed_only_when_the_last_view_dies(pool):
+    arena, slots = pool
+    out, enc = roundtrip({"a": torch.ones(1000), "b": torch.zeros(10)}, arena, slots)
+    assert slots.busy() == 1
+    a = out["a"][10:20]  # a view of a view keeps the slot
+    del out
+    gc.collect()
+    assert slots.busy() == 1
+    del a
+    gc.collect()
+    assert slots.busy() == 0
+
+
+def test_a_kept_batch_is_never_overwritten(pool):
+    arena, slots = pool
+    kept, _ = roundtrip(torch.full((256,), 7.0), arena, slots)
+    for i in range(200):
+        out, _ = roundtrip(torch.full((256,), float(i)), arena, slots)
+        assert torch.equal(out, torch.full((256,), float(i)))
+        del out
+    assert torch.equal(kept, torch.full((256,), 7.0))
+    # Freed slots were reused: the pool did not grow by one slot per batch.
+    assert len(slots) <= 3
+
+
+def test_pool_grows_for_a_larger_batch_and_retires_small_slots(pool):
+    arena, slots = pool
+    small, enc1 = roundtrip(torch.ones(10), arena, slots)
+    del small
+    gc.collect()
+    big, enc2 = roundtrip(torch.ones(1 << 20), arena, slots)
+    assert enc2.slot != enc1.slot and not enc2.fallback
+    assert torch.equal(big, torch.ones(1 << 20))
+    assert enc1.slot in arena.take_retired()
+
+
+def test_batch_over_the_budget_falls_back_to_pickling():
+    prefix = slot_prefix(os.getpid(), next(_ids))
+    arena = SlotArena(prefix, 0, budget_bytes=1 << 16)
+    slots = SlotMap()
+    try:
+        out, enc = roundtrip({"x": torch.arange(100_000)}, arena, slots)
+        assert enc.fallback and enc.slot is None
+        assert torch.equal(out["x"], torch.arange(100_000))
+    finally:
+        arena.close()
+        unlink_owned(prefix)
+
+
+def test_default_collate_stacks_straight_into_the_slot(collate_into_slots):
+    arena, slots = collate_into_slots
+    samples = [(torch.full((3, 4), float(i)), i) for i in range(8)]
+    arena.reserve(4096)
+    arena.begin()
+    batch = default_collate(samples)
+    assert arena.offset_of(batch[0]) is not None  # written in place, no copy needed
+    enc = encode(batch, arena)
+    out = decode(enc.payload, enc.slot, slots)
+    assert torch.equal(out[0], torch.stack([s[0] for s in samples]))
+    assert torch.equal(out[1], torch.arange(8))
+
+
+def test_collate_errors_match_torch_for_mismatched_shapes(collate_into_slots):
+    arena, _ = collate_into_slots
+    arena.reserve(4096)
+    arena.begin()
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        default_collate([torch.zeros(2), torch.zeros(3)])
