@@ -4,8 +4,9 @@ A forked worker shares its parent's pages until it writes to them, and reading a
 writes to it (its reference count, and the garbage collector's header). A dataset that holds
 a list of a million path strings therefore gets copied, page by page, into every worker as it
 reads: "copy-on-read". SK301 estimates those bytes from the dataset's attributes without
-running workers; SK302 (only when asked) forks real workers, lets them read samples and run
-one garbage collection, and measures how much private memory (USS) each one gained.
+running workers; SK302 (only when asked) forks real workers, freezes the inherited objects
+(``gc.freeze``, so that the garbage collector's own pass over the whole process is not
+counted), lets them read samples, and measures how much private memory (USS) each one gained.
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ def _uss() -> int:
 
 def _measure_child(dataset: Any, indices: list[int], read_s: float, conn: Any) -> None:
     try:
+        # Freeze what the parent built so that a garbage collection in this child does not
+        # copy every object of the whole process: what remains is what reading samples copies.
+        gc.freeze()
         before = _uss()
         deadline = time.monotonic() + read_s
         read = 0
@@ -175,7 +179,6 @@ def _measure_child(dataset: Any, indices: list[int], read_s: float, conn: Any) -
             read += 1
             if time.monotonic() > deadline:
                 break
-        gc.collect()
         conn.send(("ok", before, _uss(), read))
     except BaseException as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}", 0, 0))
@@ -188,10 +191,10 @@ def measure_worker_growth(
 ) -> list[tuple[int, int]]:
     """Fork ``workers`` processes that read samples, and return (USS growth, samples read) each.
 
-    Each child reads indices spread over the dataset (worker ``w`` takes every ``workers``-th
-    from offset ``w``) for up to ``read_s`` seconds, runs one ``gc.collect()`` (as workers do
-    during an epoch), and reports how many private bytes it gained since the fork. Children are
-    joined, and killed if they outlive ``MEASURE_JOIN_S``.
+    Each child freezes the objects it inherited (``gc.freeze()``), reads indices spread over
+    the dataset (worker ``w`` takes every ``workers``-th from offset ``w``) for up to
+    ``read_s`` seconds, and reports how many private bytes (USS) it gained meanwhile: the pages
+    that reading copied. Children are joined, and killed if they outlive ``MEASURE_JOIN_S``.
 
     Raises:
         RuntimeError: if a child fails to read a sample (the message carries its error).
@@ -254,7 +257,7 @@ def check_measured_growth(subject: Subject, facts: dict[str, Any]) -> list[Findi
             Severity.WARNING,
             "Forked workers were measured copying the dataset's memory",
             f"a forked worker gained {growth / 2**20:,.1f} MiB of private memory (USS) after "
-            f"reading {worst['samples_read']:,} of {n:,} samples and one garbage collection; "
+            f"reading {worst['samples_read']:,} of {n:,} samples; "
             f"x {workers} workers = {workers * growth / 2**20:,.1f} MiB",
             "Memory that should stay shared with the parent is being copied into each worker "
             "(copy-on-read of Python objects); it grows with workers and through the epoch.",

@@ -24,24 +24,46 @@ __all__ = ["check_pickling", "locate_unpicklable"]
 # tries (the culprit is usually in every item, or in the first few).
 SEARCH_DEPTH = 6
 SEARCH_ITEMS = 32
+# Tensors are left out of the pickle (torch sends them through shared memory, without copies).
 # A dataset whose pickle is at least this large costs every spawn/forkserver worker its own copy.
 LARGE_PICKLE_BYTES = 64 * 2**20
 
 Dumps = Callable[[Any], bytes]
 
 
-def _std_dumps(obj: Any) -> bytes:
-    from multiprocessing.reduction import ForkingPickler
+def _persistent_id(obj: Any) -> str | None:
+    # Tensors reach workers through shared memory, not the pickle stream (torch's reducers move
+    # them there, a side effect we must not have on the user's dataset): leave them out.
+    import torch
 
+    if (isinstance(obj, torch.Tensor) and not obj.requires_grad) or isinstance(
+        obj, (torch.UntypedStorage, torch.TypedStorage)
+    ):
+        return "tensor"
+    return None
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> str | None:
+        return _persistent_id(obj)
+
+
+def _std_dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
-    ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
+    _Pickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
 
 
 def _cloud_dumps(obj: Any) -> bytes:
     import cloudpickle
 
-    return cloudpickle.dumps(obj)
+    class _CloudPickler(cloudpickle.CloudPickler):  # type: ignore[misc]
+        def persistent_id(self, obj: Any) -> str | None:
+            return _persistent_id(obj)
+
+    buf = io.BytesIO()
+    _CloudPickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
