@@ -11,7 +11,8 @@ Definitions (every threshold is a named constant below):
 * **sawtooth**: in a window of at least ``SAWTOOTH_MIN_STEPS`` steps, a *spike* is a wait above
   ``b + max(SPIKE_MIN_EXCESS_S, SPIKE_FACTOR * b)`` where ``b`` is the window's 25th percentile
   wait. The window shows a sawtooth when there are at least ``SAWTOOTH_MIN_SPIKES`` spikes, at
-  most ``SAWTOOTH_MAX_SPIKE_SHARE`` of the steps are spikes, the most common gap between spikes (the *period*, >= 2) covers
+  most ``SAWTOOTH_MAX_SPIKE_SHARE`` of the steps are spikes, the most common gap between
+  spikes (the *period*, >= 2) covers
   at least ``SAWTOOTH_REGULARITY`` of the gaps (within ``period // 4`` steps), and the spikes'
   waits cost at least ``SAWTOOTH_MIN_COST`` of the window's step time.
 * **verdict**: ``healthy`` below ``HEALTHY_MAX_WAIT``, ``starved`` at or above
@@ -290,8 +291,9 @@ def diagnose(
     if stalls:
         worst = max(s.wait_s for s in stalls)
         extra.append(f"{len(stalls)} stall{'s' if len(stalls) > 1 else ''} (max {worst:.2f} s)")
-        if action is None and any(s.epoch_start for s in stalls):
-            action = "keep workers between epochs (`persistent_workers=True`)"
+        if any(s.epoch_start for s in stalls) and num_workers != 0:
+            persist = "keep workers between epochs (`persistent_workers=True`)"
+            action = f"{action}; {persist}" if action else persist
     if loader is not None and loader.worker_restarts:
         extra.append(f"{loader.worker_restarts} worker restarts")
     if loader is not None and loader.gpu_util is not None:
