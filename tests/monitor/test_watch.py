@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from _monitor_synthetic import FakeClock, consume, producer
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import TensorDataset
 
@@ -14,8 +15,6 @@ from stoker.errors import ConfigError
 from stoker.monitor import Watch, watch
 from stoker.monitor._detect import STALL_WARMUP_STEPS
 from stoker.monitor._meter import batch_size
-
-from _monitor_synthetic import FakeClock, consume, producer
 
 
 def _watch(source, clock, **kw) -> Watch:
