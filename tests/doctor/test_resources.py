@@ -90,7 +90,8 @@ def test_worker_threads_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_open_files_limit() -> None:
-    kw = dict(hard_limit=4096, open_now=24, strategy="file_descriptor", workers=8, prefetch=2)
+    kw: dict = {"hard_limit": 4096, "open_now": 24, "strategy": "file_descriptor"}
+    kw.update(workers=8, prefetch=2)
     (err,) = check_open_files(soft_limit=1024, tensors_per_batch=128, **kw)
     assert err.code == "SK204" and err.severity is Severity.ERROR
     assert "2048 shared-memory file descriptors" in err.observed and "ulimit -n 4096" in err.fix

@@ -32,7 +32,8 @@ SIZE_SAMPLE = 256
 WALK_DEPTH = 3
 # Forked measurement: workers, time each may read samples, and how long to wait for them.
 MEASURE_WORKERS = 2
-MEASURE_READ_S = 1.5
+MEASURE_SAMPLES = 20_000  # per worker
+MEASURE_READ_S = 2.0  # cap per worker
 MEASURE_JOIN_S = 30.0
 
 _CONTAINERS = (list, tuple, dict, set, frozenset)
@@ -166,7 +167,7 @@ def _uss() -> int:
     return int(psutil.Process().memory_full_info().uss)
 
 
-def _measure_child(dataset: Any, indices: list[int], read_s: float, conn: Any) -> None:
+def _measure_child(dataset: Any, indices: range, samples: int, read_s: float, conn: Any) -> None:
     try:
         # Freeze what the parent built so that a garbage collection in this child does not
         # copy every object of the whole process: what remains is what reading samples copies.
@@ -174,7 +175,7 @@ def _measure_child(dataset: Any, indices: list[int], read_s: float, conn: Any) -
         before = _uss()
         deadline = time.monotonic() + read_s
         read = 0
-        for i in indices:
+        for i in indices[:samples]:
             dataset[i]
             read += 1
             if time.monotonic() > deadline:
@@ -187,18 +188,31 @@ def _measure_child(dataset: Any, indices: list[int], read_s: float, conn: Any) -
 
 
 def measure_worker_growth(
-    dataset: Any, *, workers: int = MEASURE_WORKERS, read_s: float = MEASURE_READ_S
+    dataset: Any,
+    *,
+    workers: int | None = None,
+    samples: int | None = None,
+    read_s: float | None = None,
 ) -> list[tuple[int, int]]:
     """Fork ``workers`` processes that read samples, and return (USS growth, samples read) each.
 
     Each child freezes the objects it inherited (``gc.freeze()``), reads indices spread over
-    the dataset (worker ``w`` takes every ``workers``-th from offset ``w``) for up to
-    ``read_s`` seconds, and reports how many private bytes (USS) it gained meanwhile: the pages
+    the dataset (worker ``w`` takes every ``workers``-th from offset ``w``), at most
+    ``samples`` of them within ``read_s`` seconds, and reports how many private bytes (USS) it gained meanwhile: the pages
     that reading copied. Children are joined, and killed if they outlive ``MEASURE_JOIN_S``.
+
+    Args:
+        dataset: a map-style dataset.
+        workers: processes to fork. Default ``MEASURE_WORKERS`` (2).
+        samples: samples each reads at most. Default ``MEASURE_SAMPLES`` (20,000).
+        read_s: seconds each may read at most. Default ``MEASURE_READ_S`` (2.0).
 
     Raises:
         RuntimeError: if a child fails to read a sample (the message carries its error).
     """
+    workers = MEASURE_WORKERS if workers is None else workers
+    samples = MEASURE_SAMPLES if samples is None else samples
+    read_s = MEASURE_READ_S if read_s is None else read_s
     ctx = multiprocessing.get_context("fork")
     n = len(dataset)
     results: list[tuple[int, int]] = []
@@ -207,7 +221,7 @@ def measure_worker_growth(
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_measure_child,
-            args=(dataset, list(range(w, n, workers)), read_s, child),
+            args=(dataset, range(w, n, workers), samples, read_s, child),
             daemon=True,
         )
         proc.start()
