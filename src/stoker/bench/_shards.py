@@ -86,9 +86,8 @@ class ShardJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         from PIL import Image
 
         sample = self.shards.raw(idx)
-        img = Image.open(io.BytesIO(sample["jpg"]))
-        img.load()
-        img = img.convert("RGB")
+        with Image.open(io.BytesIO(sample["jpg"])) as encoded:
+            img = encoded.convert("RGB")
         box = random_resized_crop_box(img.width, img.height)
         img = img.resize((OUT_SIZE, OUT_SIZE), Image.Resampling.BILINEAR, box=box)
         arr = np.asarray(img, dtype=np.float32)
