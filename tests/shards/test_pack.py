@@ -195,3 +195,25 @@ def test_killed_pack_is_incomplete_and_resume_gives_the_same_bytes(tmp_path: Pat
     assert _tree_bytes(out) == _tree_bytes(reference)
     with pytest.raises(ShardError, match="nothing to resume"):
         pack("shard_factories:slow_dataset", out, shard_size=16_000, resume=True)
+
+
+def test_progress_bar(
+    image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pack(image_folder, tmp_path / "out", progress=True, workers=2)
+    assert "packing" in capsys.readouterr().out
+    assert len(ShardDataset(tmp_path / "out")) == 18
+
+
+def test_cli_rows_point_at_the_shard_commands() -> None:
+    import argparse
+    import importlib
+
+    from stoker.cli import _COMMANDS
+
+    for name in ("pack", "index"):
+        module = importlib.import_module(_COMMANDS[name][0])
+        parser = argparse.ArgumentParser()
+        module.configure(parser)
+        assert callable(module.run)
+    assert _COMMANDS["pack"][0] == "stoker.shards._pack_cli"
