@@ -1,0 +1,64 @@
+"""The public surface is exactly what `stoker.__all__` names, and it is documented."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import torch
+
+import stoker
+
+PUBLIC = {
+    "ConfigError",
+    "DataLoader",
+    "LoaderStats",
+    "SharedMemoryError",
+    "StokerError",
+    "WorkerError",
+    "WorkerStats",
+    "WorkerTimeoutError",
+    "__version__",
+}
+
+
+def test_all_is_exactly_the_public_surface_and_sorted():
+    assert set(stoker.__all__) == PUBLIC
+    assert list(stoker.__all__) == sorted(stoker.__all__)
+    exported = {n for n in vars(stoker) if not n.startswith("_")} - {
+        "annotations", "errors", "loader",
+    }
+    assert exported <= PUBLIC | {m for m in exported if inspect.ismodule(getattr(stoker, m))}
+
+
+def test_every_public_object_has_a_docstring():
+    for name in stoker.__all__:
+        obj = getattr(stoker, name)
+        if not isinstance(obj, str):
+            assert inspect.getdoc(obj), name
+
+
+def test_dataloader_is_a_torch_dataloader_with_the_same_positional_signature():
+    ours = inspect.signature(stoker.DataLoader.__init__).parameters
+    theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    for name, param in theirs.items():
+        assert name in ours, name
+        assert ours[name].kind == param.kind, name
+        if name != "persistent_workers":  # None: persistent whenever num_workers > 0
+            assert ours[name].default == param.default, name
+    assert issubclass(stoker.DataLoader, torch.utils.data.DataLoader)
+
+
+def test_errors_share_one_root():
+    for name in ("ConfigError", "SharedMemoryError", "WorkerError", "WorkerTimeoutError"):
+        assert issubclass(getattr(stoker, name), stoker.StokerError)
+    assert issubclass(stoker.ConfigError, ValueError)
+    assert issubclass(stoker.WorkerTimeoutError, RuntimeError)
+
+
+def test_command_line_help_lists_subcommands():
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "bench" in out
