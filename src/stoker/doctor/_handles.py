@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import socket
 import sqlite3
+import sys
 from typing import Any
 
 from stoker.doctor._finding import Finding, Severity
@@ -22,10 +23,11 @@ HANDLE_DEPTH = 3
 
 def handle_kind(obj: Any) -> tuple[str, Severity] | None:
     """What kind of fork-unsafe handle `obj` is (and how bad), or None."""
-    module = type(obj).__module__ or ""
-    if module.startswith("h5py") and type(obj).__name__ in ("File", "Dataset", "Group"):
+    h5py = sys.modules.get("h5py")
+    if h5py is not None and isinstance(obj, (h5py.File, h5py.Dataset, h5py.Group)) and obj:
         return f"an open h5py.{type(obj).__name__}", Severity.ERROR
-    if module.startswith("lmdb") and type(obj).__name__ in ("Environment", "Transaction"):
+    lmdb = sys.modules.get("lmdb")
+    if lmdb is not None and isinstance(obj, (lmdb.Environment, lmdb.Transaction)):
         return f"an open lmdb.{type(obj).__name__}", Severity.ERROR
     if isinstance(obj, sqlite3.Connection):
         return "an open sqlite3 connection", Severity.ERROR

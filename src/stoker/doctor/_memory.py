@@ -198,8 +198,9 @@ def measure_worker_growth(
 
     Each child freezes the objects it inherited (``gc.freeze()``), reads indices spread over
     the dataset (worker ``w`` takes every ``workers``-th from offset ``w``), at most
-    ``samples`` of them within ``read_s`` seconds, and reports how many private bytes (USS) it gained meanwhile: the pages
-    that reading copied. Children are joined, and killed if they outlive ``MEASURE_JOIN_S``.
+    ``samples`` of them within ``read_s`` seconds, and reports how many private bytes (USS)
+    it gained meanwhile: the pages that reading copied. Children are joined, and killed if
+    they outlive ``MEASURE_JOIN_S``.
 
     Args:
         dataset: a map-style dataset.

@@ -1,0 +1,126 @@
+"""`stoker doctor` and `stoker env` on the command line: output, JSON, exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stoker import cli
+from stoker.doctor import _cli, _env_cli
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "doctor"
+ROOT = EXAMPLES.parents[1]
+
+
+def run_doctor(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    _cli.configure(parser)
+    return _cli.run(parser.parse_args(list(argv)))
+
+
+def test_rows_are_registered() -> None:
+    assert cli._COMMANDS["doctor"][0] == "stoker.doctor._cli"
+    assert cli._COMMANDS["env"][0] == "stoker.doctor._env_cli"
+
+
+def test_script_json_and_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_doctor(str(EXAMPLES / "trap_persistent_no_workers.py"), "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in data["findings"]] == ["SK004"]
+    assert data["summary"]["error"] == 1
+    # A warning passes unless --strict.
+    warn = str(EXAMPLES / "trap_loader_in_epoch_loop.py")
+    assert run_doctor(warn, "--json") == 0
+    assert run_doctor(warn, "--json", "--strict") == 1
+    assert run_doctor(str(EXAMPLES / "clean_train.py"), "--json", "--strict") == 0
+
+
+def test_rich_output_shows_code_observed_why_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    run_doctor(str(EXAMPLES / "trap_lambda_transform.py"))
+    out = capsys.readouterr().out
+    for text in (
+        "SK003 error",
+        "observed",
+        "why",
+        "fix",
+        "trap_lambda_transform.py:24",
+        "def to_float(x):",
+        "1 error(s), 0 warning(s)",
+    ):
+        assert text in out
+
+
+def test_factory_target(capsys: pytest.CaptureFixture[str]) -> None:
+    target = f"{EXAMPLES / 'live_loaders.py'}:lambda_transform_spawn"
+    assert run_doctor(target, "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["target"] == target
+    assert [f["code"] for f in data["findings"]] == ["SK101"]
+    assert data["findings"][0]["location"] == "loader.dataset.transform"
+    assert run_doctor(f"{EXAMPLES / 'live_loaders.py'}:clean", "--strict") == 0
+
+
+def test_bad_targets_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_doctor(str(tmp_path / "missing.py")) == 2
+    assert run_doctor("no_such_module_xyz:make") == 2
+    assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+    assert run_doctor(f"{EXAMPLES / 'live_loaders.py'}:nope") == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "f.py"
+    bad.write_text("def make():\n    raise OSError('disk gone')\n")
+    assert run_doctor(f"{bad}:make") == 2
+    assert "raised OSError: disk gone" in capsys.readouterr().err
+
+
+def test_module_factory_from_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mydata_doctor_test.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "def make():\n    return DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        assert run_doctor("mydata_doctor_test:make", "--json") == 0
+    finally:
+        sys.modules.pop("mydata_doctor_test", None)
+    assert json.loads(capsys.readouterr().out)["facts"]["batch_size"] == 4
+
+
+def test_env_json_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    _env_cli.configure(parser)
+    out = tmp_path / "environment.yml"
+    args = parser.parse_args(["--json", "--data-dir", str(tmp_path), "--export", str(out)])
+    assert _env_cli.run(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["export"]["how"] == "pip pins" and out.exists()
+    assert data["data_dir"]["kind"] in ("local", "memory", "network")
+    assert _env_cli.run(parser.parse_args([])) == 0
+    text = capsys.readouterr().out
+    for key in ("torch", "usable", "shared memory", "open files", "start method", "environment"):
+        assert key in text
+
+
+def test_console_script_end_to_end() -> None:
+    # The real `python -m stoker doctor` process, as CI would run it.
+    env = dict(os.environ, COLUMNS="120")
+    done = subprocess.run(
+        [sys.executable, "-m", "stoker", "doctor", str(EXAMPLES / "trap_shuffle_with_sampler.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    if "No module named" in done.stderr:
+        pytest.skip(f"another subcommand's module is not in the tree yet: {done.stderr[-200:]}")
+    assert done.returncode == 1, done.stderr
+    assert "SK012" in done.stdout
