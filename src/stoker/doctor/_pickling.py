@@ -57,7 +57,7 @@ def _std_dumps(obj: Any) -> bytes:
 def _cloud_dumps(obj: Any) -> bytes:
     import cloudpickle
 
-    class _CloudPickler(cloudpickle.CloudPickler):  # type: ignore[misc]
+    class _CloudPickler(cloudpickle.CloudPickler):
         def persistent_id(self, obj: Any) -> str | None:
             return _persistent_id(obj)
 
