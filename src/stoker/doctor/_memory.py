@@ -111,12 +111,24 @@ def find_containers(dataset: Any, path: str = "dataset") -> list[Container]:
 
 def _fix_for(container: Container) -> str:
     attr = container.path.rsplit(".", 1)[-1]
-    return (
-        "# flat arrays have no per-item Python objects to copy:\n"
-        "import numpy as np\n"
-        f"self.{attr} = np.array(paths, dtype=np.bytes_)  # strings: fixed-width bytes\n"
-        f"self.labels = np.asarray(labels, dtype=np.int64)\n"
-        "# in __getitem__: path = self.paths[i].decode()"
+    head = "# flat arrays have no per-item Python objects to copy:\nimport numpy as np\n"
+    if "tuple of" in container.kind or "list of" in container.kind.split(" ", 1)[1]:
+        return head + (
+            f"paths, labels = zip(*self.{attr})\n"
+            "self.paths = np.array(paths, dtype=np.bytes_)  # fixed-width bytes\n"
+            "self.labels = np.asarray(labels, dtype=np.int64)\n"
+            "# in __getitem__: path, label = self.paths[i].decode(), int(self.labels[i])"
+        )
+    if container.kind.endswith(" of str"):
+        return head + (
+            f"self.{attr} = np.array(self.{attr}, dtype=np.bytes_)  # fixed-width bytes\n"
+            f"# in __getitem__: self.{attr}[i].decode()"
+        )
+    if container.kind.endswith((" of int", " of float")):
+        return head + f"self.{attr} = np.asarray(self.{attr})"
+    return head + (
+        f"# store the fields of self.{attr} as one array per field (np.array / np.asarray),\n"
+        "# or keep them on disk (np.load(path, mmap_mode='r'))"
     )
 
 
@@ -137,7 +149,8 @@ def check_containers(subject: Subject, facts: dict[str, Any]) -> list[Finding]:
     )
     mib = total / 2**20
     if workers:
-        scale = f"{workers} workers may each copy it: up to {workers * mib:,.1f} MiB in all"
+        who = "1 worker" if workers == 1 else f"{workers} workers"
+        scale = f"{who} may each copy it: up to {workers * mib:,.1f} MiB in all"
     else:
         scale = "each worker may copy it"
     how = (

@@ -14,14 +14,19 @@ _MARK = {Severity.ERROR: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
 
 
 def _mib(n: Any) -> str:
-    return f"{n / 2**20:,.1f} MiB" if isinstance(n, (int, float)) else "?"
+    if not isinstance(n, (int, float)):
+        return "?"
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:,.1f} {unit}"
+    return f"{n:,} B"
 
 
 def _summary_of_facts(facts: dict[str, Any]) -> list[str]:
     parts = []
     workers = facts.get("num_workers")
     if workers is not None:
-        line = f"{workers} workers ({facts.get('start_method')})"
+        line = f"{workers} worker{'' if workers == 1 else 's'} ({facts.get('start_method')})"
         if facts.get("batch_size") is not None:
             line += f", batch {facts['batch_size']}"
         if facts.get("prefetch_factor"):
