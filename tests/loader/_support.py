@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -156,3 +157,30 @@ def rebuild_like_lightning(loader: tud.DataLoader[Any]) -> tud.DataLoader[Any]:
     else:
         kwargs.update(sampler=None, shuffle=False, batch_size=1, drop_last=False)
     return type(loader)(**kwargs)
+
+
+def iterate_until_error(
+    loader: Iterable[Any], exc_type: type[BaseException]
+) -> tuple[BaseException, list[Any]]:
+    """Iterate ``loader`` until it raises ``exc_type``; return the exception and the batches.
+
+    The traceback's frames are cleared and the iterator dropped before returning, so the
+    iterator (and its workers) is released at once by reference counting rather than later by
+    the cyclic garbage collector: torch's iterator, collected from a cycle, waits 5 s per
+    worker before it terminates them.
+
+    Raises:
+        AssertionError: if the loader finishes without raising ``exc_type``.
+    """
+    seen: list[Any] = []
+    it = iter(loader)
+    try:
+        for batch in it:
+            seen.append(batch)
+    except exc_type as exc:
+        caught = exc
+    else:
+        raise AssertionError(f"iteration finished without raising {exc_type.__name__}")
+    traceback.clear_frames(caught.__traceback__)
+    del it
+    return caught, seen

@@ -1,0 +1,481 @@
+"""Promises stoker makes beyond torch's DataLoader (behaviour, observed from outside).
+
+Persistent workers by default, epoch state reaching persistent workers, randomness that does
+not depend on the worker count, kept batches never overwritten, ``in_order=False``, error
+notes, thread capping, ``gc.freeze`` and clean shutdown.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.utils.data as tud
+from _datasets import (
+    SLOW_SAMPLE_S,
+    EpochDataset,
+    EpochSampler,
+    FailingDataset,
+    FilledDataset,
+    GrowingDataset,
+    InfoDataset,
+    RandomAugDataset,
+    RangeDataset,
+    ReverseSampler,
+    SampleError,
+    SlowDataset,
+    concat_collate,
+    failing_collate,
+    failing_worker_init,
+    identity_collate,
+    numpy_keeping_collate,
+)
+from _support import assert_same, chunks, iterate_until_error, to_lists
+
+import stoker
+from stoker._platform import usable_cores
+
+HANG_GUARD_S = 120
+# How long worker processes may take to exit once their loader or iterator is released.
+SHUTDOWN_GRACE_S = 10.0
+# How long a child interpreter may take to exit (it normally needs well under a second).
+EXIT_TIMEOUT_S = 30.0
+# Batches iterated after the kept ones in the slot-lifetime test.
+MORE_BATCHES = 1000
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "stoker-"
+TESTS_DIR = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.timeout(HANG_GUARD_S)
+
+
+def _loader(dataset: Any, workers: int = 2, start: str = "fork", **kwargs: Any) -> Any:
+    return stoker.DataLoader(dataset, num_workers=workers, multiprocessing_context=start,
+                             **kwargs)
+
+
+def _wait_dead(pids: list[int], grace: float = SHUTDOWN_GRACE_S) -> list[int]:
+    """Wait until none of ``pids`` runs; return those still running after ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def _stoker_shm() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+# -- constructor surface -----------------------------------------------------------------------
+
+
+def test_signature_extends_torch_with_same_defaults() -> None:
+    ours = inspect.signature(stoker.DataLoader.__init__).parameters
+    theirs = inspect.signature(tud.DataLoader.__init__).parameters
+    for name, param in theirs.items():
+        assert name in ours, f"stoker.DataLoader lacks torch's `{name}`"
+        assert ours[name].kind == param.kind, name
+        if name != "persistent_workers":
+            assert ours[name].default == param.default, name
+    extras = [n for n in ours if n not in theirs]
+    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras), extras
+
+
+@pytest.mark.parametrize("bad", [-1, "1", 1.0, True])
+def test_set_epoch_rejects_non_int(bad: Any) -> None:
+    loader = stoker.DataLoader(RangeDataset(4))
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(bad)
+
+
+# -- persistent workers ------------------------------------------------------------------------
+
+
+def test_workers_persist_by_default() -> None:
+    assert stoker.DataLoader(RangeDataset(4)).persistent_workers is False
+    loader = _loader(EpochDataset(12), batch_size=3, collate_fn=identity_collate)
+    assert loader.persistent_workers is True
+    pids = []
+    for _ in range(3):
+        it = iter(loader)
+        worker_pids = [w.pid for w in it._workers]
+        samples = [s for batch in it for s in batch]
+        assert [s[0] for s in samples] == list(range(12))
+        assert {s[2] for s in samples} <= set(worker_pids)
+        pids.append(worker_pids)
+    assert pids[0] == pids[1] == pids[2]
+    assert len(set(pids[0])) == 2
+
+
+def test_explicit_persistent_workers_false_is_honoured() -> None:
+    loader = _loader(EpochDataset(12), batch_size=3, collate_fn=identity_collate,
+                     persistent_workers=False)
+    assert loader.persistent_workers is False
+    pids = []
+    for _ in range(2):
+        it = iter(loader)
+        worker_pids = [w.pid for w in it._workers]
+        samples = [s for batch in it for s in batch]
+        assert {s[2] for s in samples} <= set(worker_pids)
+        pids.append(worker_pids)
+        del it
+        assert _wait_dead(worker_pids) == [], "an epoch's workers outlived their iterator"
+    assert set(pids[0]).isdisjoint(pids[1])
+
+
+def test_iterator_exposes_worker_handles() -> None:
+    loader = _loader(RangeDataset(20), workers=3, batch_size=2)
+    it = iter(loader)
+    next(it)
+    workers = it._workers
+    assert isinstance(workers, list)
+    assert len(workers) == 3
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    for w in workers:
+        assert isinstance(w.pid, int)
+        assert w.pid in children
+        assert w.is_alive() is True
+    rest = to_lists(it)
+    assert rest == chunks(range(2, 20), 2, drop_last=False)
+
+
+# -- epoch state -------------------------------------------------------------------------------
+
+
+def test_loader_set_epoch_reaches_sampler_dataset_and_workers() -> None:
+    dataset, sampler = EpochDataset(12), EpochSampler(12)
+    loader = _loader(dataset, sampler=sampler, batch_size=3, collate_fn=identity_collate)
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        assert sampler.epochs[-1] == epoch
+        assert dataset.epoch == epoch
+        samples = [s for batch in loader for s in batch]
+        assert [s[0] for s in samples] == list(range(12))
+        assert {s[1] for s in samples} == {epoch}, f"workers saw epochs {samples}"
+
+
+def test_set_epoch_drives_distributed_sampler_order() -> None:
+    dataset = RangeDataset(30)
+    sampler = tud.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=4)
+    loader = _loader(dataset, sampler=sampler, batch_size=5)
+    orders = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        reference = tud.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=4)
+        reference.set_epoch(epoch)
+        order = [i for b in to_lists(loader) for i in b]
+        assert order == list(reference)
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("kind", ["torch", "stoker"])
+def test_dataset_set_epoch_in_main_process_reaches_persistent_workers(kind: str) -> None:
+    """The seed articles' pattern; torch's persistent workers keep a stale dataset copy."""
+    dataset = EpochDataset(12)
+    dataset.set_epoch(0)
+    cls = tud.DataLoader if kind == "torch" else stoker.DataLoader
+    loader = cls(dataset, batch_size=3, num_workers=2, multiprocessing_context="fork",
+                 persistent_workers=True, collate_fn=identity_collate)
+    seen = []
+    for epoch in range(3):
+        loader.dataset.set_epoch(epoch)
+        seen.append({s[1] for batch in loader for s in batch})
+    if kind == "stoker":
+        assert seen == [{0}, {1}, {2}]
+    else:  # the difference stoker fixes, proven on torch itself
+        assert seen == [{0}, {0}, {0}]
+
+
+# -- randomness --------------------------------------------------------------------------------
+
+
+def _random_epochs(workers: int, seed: int = 77, **kwargs: Any) -> list[list[Any]]:
+    loader = _loader(RandomAugDataset(24), workers=workers, batch_size=4,
+                     collate_fn=identity_collate, generator=torch.Generator().manual_seed(seed),
+                     **kwargs)
+    return [sorted(s for b in loader for s in b) for _ in range(2)]
+
+
+def test_randomness_independent_of_worker_count_and_dispatch() -> None:
+    one, two, three = _random_epochs(1), _random_epochs(2), _random_epochs(3)
+    assert [s[0] for s in one[0]] == list(range(24))
+    assert one == two == three
+    assert _random_epochs(2, in_order=False) == one
+    # Not constant: every sample of an epoch draws differently, and epochs differ.
+    draws = [s[1:] for s in one[0]]
+    assert len(set(draws)) == len(draws)
+    for a, b in zip(one[0], one[1]):
+        assert a[1:] != b[1:], f"sample {a[0]} drew the same values in epochs 0 and 1"
+    assert _random_epochs(2, seed=78)[0] != one[0]
+
+
+# -- slot lifetime -----------------------------------------------------------------------------
+
+
+def _check_batch(batch: dict[str, Any], shape: tuple[int, ...]) -> None:
+    for j, index in enumerate(batch["i"]):
+        assert torch.equal(batch["x"][j], torch.full(shape, float(index))), index
+        assert np.array_equal(batch["a"][j], np.full((7,), index, dtype=np.int64)), index
+
+
+def test_kept_batches_stay_intact_after_many_more() -> None:
+    shape = (3, 16, 16)
+    loader = _loader(FilledDataset(64, shape), batch_size=4, collate_fn=numpy_keeping_collate)
+    kept: list[tuple[str, Any, list[int]]] = []
+    delivered = 0
+    while delivered < MORE_BATCHES + 8:
+        for batch in loader:
+            _check_batch(batch, shape)
+            if delivered == 0:
+                kept.append(("whole", batch, batch["i"]))
+            elif delivered == 1:
+                kept.append(("tensor", batch["x"], batch["i"]))
+            elif delivered == 2:
+                kept.append(("row-view", batch["x"][1], batch["i"][1:2]))
+            elif delivered == 3:
+                kept.append(("strided-view", batch["x"][::2, 1], batch["i"][::2]))
+            elif delivered == 4:
+                kept.append(("array", batch["a"], batch["i"]))
+            elif delivered == 5:
+                kept.append(("array-view", batch["a"][2:], batch["i"][2:]))
+            delivered += 1
+    gc.collect()
+    for what, obj, indices in kept:
+        if what == "whole":
+            _check_batch(obj, shape)
+        elif what == "tensor":
+            assert torch.equal(obj, torch.stack([torch.full(shape, float(i)) for i in indices]))
+        elif what == "row-view":
+            assert torch.equal(obj, torch.full(shape, float(indices[0])))
+        elif what == "strided-view":
+            assert torch.equal(obj, torch.stack([torch.full(shape[1:], float(i))
+                                                 for i in indices]))
+        else:
+            expected = np.stack([np.full((7,), i, dtype=np.int64) for i in indices])
+            assert np.array_equal(obj, expected), what
+
+
+def test_large_batches_after_small_ones_and_back() -> None:
+    dataset = GrowingDataset(12, base=20_000)  # last batch ~ 35 MB of float32
+    loader = _loader(dataset, batch_size=4, collate_fn=concat_collate)
+    expected = [concat_collate([dataset[i] for i in b]) for b in chunks(range(12), 4, False)]
+    kept = []
+    for _ in range(3):
+        got = list(loader)
+        assert len(got) == 3
+        for a, e in zip(got, expected):
+            assert_same(a, e)
+        kept.append(got[-1])
+    for batch in kept:
+        assert_same(batch, expected[-1])
+
+
+# -- delivery order ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_in_order_false_lets_fast_batches_overtake_a_slow_one(in_order: bool) -> None:
+    loader = _loader(SlowDataset(24, slow=[0], delay=SLOW_SAMPLE_S), batch_size=4,
+                     in_order=in_order)
+    got = to_lists(loader)
+    expected = chunks(range(24), 4, drop_last=False)
+    if in_order:
+        assert got == expected
+    else:
+        assert sorted(got) == expected
+        assert got[0] != expected[0], "the slow first batch should not come first"
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _notes(exc: BaseException) -> str:
+    return "\n".join(getattr(exc, "__notes__", []))
+
+
+def _ints(text: str) -> set[int]:
+    return {int(n) for n in re.findall(r"\d+", text)}
+
+
+def test_worker_error_keeps_type_and_names_worker_pid_and_indices() -> None:
+    loader = _loader(FailingDataset(12, bad=9), batch_size=4, sampler=ReverseSampler(12))
+    exc, seen = iterate_until_error(loader, SampleError)
+    assert type(exc) is SampleError
+    match = re.search(r"worker=(\d+) pid=(\d+)", str(exc))
+    assert match, str(exc)
+    worker_id, pid = int(match[1]), int(match[2])
+    notes = _notes(exc)
+    assert "worker" in notes.lower() and "pid" in notes.lower(), notes
+    assert {worker_id, pid, 11, 10, 9, 8} <= _ints(notes), notes
+    assert to_lists(seen) == []
+    text = "".join(traceback.format_exception(exc))
+    assert "_datasets.py" in text and "__getitem__" in text, "worker traceback missing"
+
+
+def test_collate_error_in_worker_names_the_worker() -> None:
+    loader = _loader(RangeDataset(6), batch_size=3, collate_fn=failing_collate)
+    exc, _ = iterate_until_error(loader, SampleError)
+    assert "collate_fn refused a batch of 3" in str(exc)
+    notes = _notes(exc)
+    assert "worker" in notes.lower(), notes
+    assert {0, 1, 2} <= _ints(notes) or {3, 4, 5} <= _ints(notes), notes
+
+
+def test_worker_init_fn_error_names_the_worker() -> None:
+    loader = _loader(RangeDataset(6), batch_size=3, worker_init_fn=failing_worker_init)
+    exc, _ = iterate_until_error(loader, SampleError)
+    assert "worker_init_fn refused worker" in str(exc)
+    assert "worker" in _notes(exc).lower()
+
+
+# -- threads and copy-on-read ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("workers", "start"), [(1, "fork"), (2, "fork"), (3, "fork"),
+                                                pytest.param(2, "spawn", marks=pytest.mark.slow)])
+def test_workers_cap_threads_and_freeze_gc(workers: int, start: str) -> None:
+    cores = usable_cores()
+    main_threads = torch.get_num_threads()
+    loader = _loader(InfoDataset(12), workers=workers, start=start, batch_size=2,
+                     collate_fn=identity_collate)
+    samples = [s for batch in loader for s in batch]
+    assert len(samples) == 12
+    for s in samples:
+        threads = s["num_threads"]
+        assert threads >= 1
+        assert workers * threads <= cores or threads == 1, (workers, threads, cores)
+        if start == "fork":
+            assert s["gc_freeze_count"] > 0, "gc.freeze() was not called before forking"
+    assert torch.get_num_threads() == main_threads, "the main process's threads changed"
+
+
+# -- shutdown ----------------------------------------------------------------------------------
+
+
+def test_break_then_release_persistent_loader_stops_workers() -> None:
+    loader = _loader(RangeDataset(100), batch_size=2)
+    it = iter(loader)
+    for i, _ in enumerate(it):
+        if i == 2:
+            break
+    pids = [w.pid for w in it._workers]
+    del it, loader
+    gc.collect()
+    assert _wait_dead(pids) == []
+
+
+def test_break_then_del_iterator_stops_fresh_workers() -> None:
+    loader = _loader(SlowDataset(100, slow=range(10, 100), delay=SLOW_SAMPLE_S / 10),
+                     batch_size=2, persistent_workers=False)
+    it = iter(loader)
+    next(it)
+    pids = [w.pid for w in it._workers]
+    del it
+    assert _wait_dead(pids) == []
+    # The loader still works: a new epoch starts new workers.
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    assert {w.pid for w in it._workers}.isdisjoint(pids)
+    pids = [w.pid for w in it._workers]
+    del it
+    assert _wait_dead(pids) == []
+
+
+def test_iterator_in_a_reference_cycle_is_collected() -> None:
+    loader = _loader(RangeDataset(50), batch_size=2, persistent_workers=False)
+    it = iter(loader)
+    next(it)
+    pids = [w.pid for w in it._workers]
+    cycle: list[Any] = [it]
+    cycle.append(cycle)
+    del it, cycle
+    gc.collect()
+    assert _wait_dead(pids) == []
+
+
+_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import stoker
+    from _datasets import FilledDataset, SlowDataset
+
+    if __name__ == "__main__":
+        start, mode = sys.argv[2], sys.argv[3]
+        if mode == "busy":
+            # Workers are asleep in __getitem__ at exit: exiting must not wait for them.
+            dataset = SlowDataset(64, slow=range(4, 64), delay=600.0)
+        else:
+            dataset = FilledDataset(64)
+        loader = stoker.DataLoader(dataset, batch_size=4, num_workers=2,
+                                   multiprocessing_context=start)
+        it = iter(loader)
+        kept = [next(it) for _ in range(1 if mode == "busy" else 3)]
+        print("PIDS", *[w.pid for w in it._workers], flush=True)
+        if mode == "raise":
+            raise RuntimeError("boom from the training loop")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("start", "mode"),
+    [("fork", "exit"), ("fork", "raise"), ("fork", "busy"),
+     pytest.param("spawn", "exit", marks=pytest.mark.slow)],
+)
+def test_interpreter_exit_without_cleanup_is_clean(start: str, mode: str) -> None:
+    shm_before = _stoker_shm()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(TESTS_DIR), start, mode],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"child did not exit within {EXIT_TIMEOUT_S} s; stderr:\n{err}")
+    pid_lines = [line for line in out.splitlines() if line.startswith("PIDS")]
+    assert pid_lines, f"child printed no worker pids; stderr:\n{err}"
+    pids = [int(p) for p in pid_lines[0].split()[1:]]
+    alive = _wait_dead(pids)
+    if alive:
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"workers {alive} outlived their interpreter")
+    if mode == "raise":
+        assert proc.returncode == 1
+        assert "boom from the training loop" in err
+        err = err.split("RuntimeError: boom from the training loop")[-1]
+    else:
+        assert proc.returncode == 0, err
+    assert "leaked" not in err.lower(), err
+    assert "warning" not in err.lower(), err
+    assert "Traceback" not in err, err
+    assert _stoker_shm() - shm_before == set()
