@@ -63,6 +63,10 @@ class TaskBook(Generic[R]):
         self._pending[idx] = request
         return idx
 
+    def pending(self) -> dict[int, Any]:
+        """Tasks issued and not answered yet: task index -> request (do not modify)."""
+        return self._pending
+
     def request(self, idx: int) -> Any:
         """What task ``idx`` asked for (while it is pending)."""
         return self._pending.get(idx)

@@ -3,8 +3,9 @@
 One object per loader when workers persist (reset each epoch), else one per epoch. It owns the
 worker pool, dispatches batches (map-style: to a shared queue any idle worker reads; iterable:
 round-robin like torch, so the interleaving of worker streams is torch's), reorders replies,
-rebuilds batches as zero-copy views of shared-memory slots, and shuts everything down when it
-is deleted, garbage-collected, or the interpreter exits.
+rebuilds batches as zero-copy views of shared-memory slots, restarts dead workers (their
+batches are dispatched again, so nothing is lost or repeated), and shuts everything down when
+it is deleted, garbage-collected, or the interpreter exits.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker._dispatch import TaskBook
 from stoker._epoch_sync import AttributeTracker
-from stoker._platform import shm_free_bytes, usable_cores
+from stoker._platform import shm_dir, shm_free_bytes, usable_cores
+from stoker._resume import EpochState
 from stoker._seeding import batch_seed
 from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import ConfigError, WorkerError, WorkerTimeoutError
+from stoker.faults import Failure
 from stoker.transport import SlotMap, decode, reclaim_stale_segments, slot_prefix
 from stoker.workers import WorkerPool
 from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
 from stoker.workers._process import describe_exit
+from stoker.workers._status import IDLE
 
 __all__ = ["MultiWorkerIterator"]
 
@@ -60,30 +64,40 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
+        rng_at_start = EpochState.capture_rng(loader.generator)
         super().__init__(loader)
         self._pool: WorkerPool | None = None
         self._book: TaskBook[tuple[tuple[Any, ...], Any]] = TaskBook(loader.in_order)
         self._in_order: bool = loader.in_order
         self._prefetch = max(1, int(loader.prefetch_factor or 2))
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
+        self._policy = loader.failure_policy
+        self._failures: list[Failure] = loader.failures
+        self._restarts_left: int = loader.max_worker_restarts
+        self._restarts = 0
         self._epoch = -1
         self._epoch_seed: int = int(self._base_seed)
+        self._state: EpochState | None = None
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
         self._slots = SlotMap()
         self._tracker = AttributeTracker(self._dataset)
+        self._all_changes: dict[tuple[str, ...], Any] = {}
+        self._last_set_epoch: int | None = None
         self._started = time.monotonic()
         self._worker_batches = [0] * self._num_workers
         self._worker_busy = [0.0] * self._num_workers
         self._wait_s = 0.0
         self._samples = 0
+        self._failed_samples = 0
         self._fallbacks = 0
 
         ctx = loader.multiprocessing_context or mp.get_context()
-        reclaim_stale_segments()
+        directory = shm_dir()
+        reclaim_stale_segments(directory)
         n = self._num_workers
-        budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes() * SHM_BUDGET_FRACTION / n))
+        budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes(directory) * SHM_BUDGET_FRACTION / n))
         prefix = slot_prefix(os.getpid(), next(_POOL_IDS))
         threads = max(1, usable_cores() // n)
         specs = [
@@ -91,27 +105,36 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 worker_id=i,
                 num_workers=n,
                 seed=int(self._base_seed) + i,
+                shm_dir=directory,
                 slot_prefix=prefix,
                 slot_budget=budget,
                 threads=threads,
                 iterable=self._iterable,
                 auto_collation=self._auto_collation,
                 drop_last=self._drop_last,
+                on_error=self._policy.on_error,
             )
             for i in range(n)
         ]
-        self._pool = WorkerPool(
-            ctx, specs, (self._dataset, self._collate_fn, loader.worker_init_fn)
-        )
+        payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
+        self._pool = WorkerPool(ctx, specs, payload)
         self._workers = self._pool.processes
         _LIVE.add(self)
-        self._reset(loader, first_iter=True)
+        self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
     # -- epochs --------------------------------------------------------------------------
 
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+    def _reset(self, loader: Any, first_iter: bool = False, rng_at_start: Any = None) -> None:
+        resume: EpochState | None = loader._resume_state
+        loader._resume_state = None
         if not first_iter:
+            rng_at_start = EpochState.capture_rng(loader.generator)
             super()._reset(loader)
+        if resume is not None:
+            resume.restore_rng(loader.generator)
+            resume.restore_sampler(self._index_sampler)
+            self._sampler_iter = iter(self._index_sampler)
+        if not first_iter or resume is not None:
             self._epoch_seed = int(
                 torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
             )
@@ -124,36 +147,50 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 pool.drain_tasks()
             for msg, _ in self._book.replies():
                 self._discard(msg)
-        self._epoch += 1
+        self._epoch = resume.epoch if resume is not None else loader._epochs_started
+        loader._epochs_started = self._epoch + 1
+        self._state = EpochState(
+            epoch=self._epoch,
+            rng=rng_at_start if resume is None or resume.rng is None else resume.rng,
+            sampler=EpochState.capture_sampler(self._index_sampler),
+            delivered=set(resume.delivered) if resume is not None else set(),
+        )
+        loader._epoch_state = self._state
         self._book = TaskBook(self._in_order)
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
         self._wait_s = 0.0
         self._samples = 0
-        set_epoch = loader._epoch_request
+        self._failed_samples = 0
+        changes = self._tracker.changes()
+        for path, value in changes:
+            self._all_changes = {
+                k: v for k, v in self._all_changes.items() if k[: len(path)] != path
+            }
+            self._all_changes[path] = value
+        if loader._epoch_request is not None:
+            self._last_set_epoch = loader._epoch_request
+        start = self._epoch_message(changes, loader._epoch_request)
         loader._epoch_request = None
-        start = pickle.dumps(
-            ("E", self._epoch, self._pickled_changes(), set_epoch), protocol=_PROTOCOL
-        )
         for i in range(self._num_workers):
             pool.send_ctrl(i, start)
         self._fill()
 
-    def _pickled_changes(self) -> bytes | None:
-        changes = self._tracker.changes()
-        if not changes:
-            return None
-        try:
-            return cloudpickle.dumps(changes)
-        except Exception as exc:
-            names = ", ".join("dataset." + ".".join(path) for path, _ in changes)
-            raise ConfigError(
-                f"The dataset attributes {names} changed in the main process since the last "
-                f"epoch, but stoker cannot send them to the persistent workers: {exc}. Keep "
-                "unpicklable objects (open files, locks, sockets) out of attributes that change "
-                "between epochs, or pass `persistent_workers=False`."
-            ) from exc
+    def _epoch_message(self, changes: list[tuple[tuple[str, ...], Any]], set_epoch: Any) -> bytes:
+        blob = None
+        if changes:
+            try:
+                blob = cloudpickle.dumps(changes)
+            except Exception as exc:
+                names = ", ".join("dataset." + ".".join(path) for path, _ in changes)
+                raise ConfigError(
+                    f"The dataset attributes {names} changed in the main process since the last "
+                    f"epoch, but stoker cannot send them to the persistent workers: {exc}. Keep "
+                    "unpicklable objects (open files, locks, sockets) out of attributes that "
+                    "change between epochs, or pass `persistent_workers=False`."
+                ) from exc
+        return pickle.dumps(("E", self._epoch, blob, set_epoch), protocol=_PROTOCOL)
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -161,6 +198,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         if pool is None or pool.closed:
             return
         book = self._book
+        delivered = self._state.delivered if self._state is not None else ()
         limit = self._prefetch * self._num_workers
         while not self._sampler_done and book.outstanding < limit:
             worker = None
@@ -179,6 +217,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 self._sampler_done = True
                 return
             idx = book.issue(index)
+            if idx in delivered:  # resumed epoch: delivered before the checkpoint
+                book.skip(idx)
+                continue
             msg = pickle.dumps(
                 ("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index),
                 protocol=_PROTOCOL,
@@ -201,6 +242,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 return self._deliver(*got)
             if book.outstanding == 0 and self._sampler_done:
                 self._wait_s += time.perf_counter() - t0
+                if self._state is not None:
+                    self._state.finished = True
                 if not self._persistent_workers:
                     self._shutdown()
                 raise StopIteration
@@ -217,11 +260,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             if timeout > 0:
                 left = t0 + timeout - time.perf_counter()
                 if left <= 0:
-                    raise WorkerTimeoutError(
-                        f"DataLoader timed out after {timeout} seconds waiting for a batch "
-                        f"from {self._num_workers} workers: raise `timeout` or make samples "
-                        "cheaper to load."
-                    )
+                    self._raise_timeout(timeout)
                 wait = min(wait, left)
             ready = pool.wait(wait)
             handled = False
@@ -238,18 +277,107 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             if ready:
                 self._check_workers()
 
+    def _waited_on(self) -> tuple[int | None, int | None, float | None]:
+        """``(worker id, task index, started)`` of the batch the consumer waits for."""
+        pool = self._pool
+        assert pool is not None
+        pending = sorted(self._book.pending())
+        best: tuple[int | None, int | None, float | None] = (
+            None,
+            pending[0] if pending else None,
+            None,
+        )
+        for i in range(self._num_workers):
+            epoch, task, started = pool.status.task(i)
+            if task != IDLE and epoch == self._epoch and task in pending:
+                if best[0] is None or task < (best[1] if best[1] is not None else task + 1):
+                    best = (i, task, started)
+        return best
+
+    def _raise_timeout(self, timeout: float) -> None:
+        pool = self._pool
+        assert pool is not None
+        worker, task, started = self._waited_on()
+        indices = self._book.request(task) if task is not None else None
+        lines = [f"DataLoader timed out after {timeout} seconds waiting for a batch."]
+        if worker is not None:
+            busy = time.monotonic() - started if started else 0.0
+            proc = pool.processes[worker]
+            lines.append(
+                f"Worker {worker} (pid {proc.pid}) has been loading batch {task} "
+                f"(sample indices {_short(indices)}) for {busy:.1f} s."
+            )
+            stack = pool.dump_stack(worker)
+            if stack:
+                lines.append(f"Its Python stack:\n{stack.rstrip()}")
+        elif task is not None:
+            lines.append(f"No worker has started batch {task} (indices {_short(indices)}) yet.")
+        lines.append("Raise `timeout`, or find what blocks in `__getitem__` (stack above).")
+        raise WorkerTimeoutError("\n".join(lines))
+
     def _check_workers(self) -> None:
         pool = self._pool
         assert pool is not None
         for i, proc in enumerate(pool.processes):
-            if proc.exitcode is not None and not pool.results[i].poll():
-                pid, code = proc.pid, proc.exitcode
-                self._shutdown()
-                raise WorkerError(
-                    f"DataLoader worker (pid {pid}) exited unexpectedly with "
-                    f"{describe_exit(code)}. Worker {i} was loading a batch of epoch "
-                    f"{self._epoch}."
-                )
+            if proc.exitcode is None:
+                continue
+            # Read what it sent before dying.
+            conn = pool.results[i]
+            with contextlib.suppress(EOFError, OSError):
+                while conn.poll():
+                    self._handle(conn.recv_bytes())
+            self._worker_died(i, proc.pid, proc.exitcode)
+
+    def _worker_died(self, worker_id: int, pid: int, code: int) -> None:
+        pool = self._pool
+        assert pool is not None
+        how = describe_exit(code)
+        if self._restarts_left <= 0 or self._iterable:
+            self._shutdown()
+            why = (
+                "an iterable dataset's stream cannot be resumed in a new worker"
+                if self._iterable and self._restarts_left > 0
+                else "raise `max_worker_restarts` to respawn dead workers"
+            )
+            raise WorkerError(
+                f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
+                f"{worker_id} was loading batches of epoch {self._epoch}; {why}."
+            )
+        self._restarts_left -= 1
+        self._restarts += 1
+        import warnings
+
+        warnings.warn(
+            f"stoker: worker {worker_id} (pid {pid}) died with {how}; restarting it and "
+            f"loading its batches again ({self._restarts_left} restarts left).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        # Batches still queued or being loaded by live workers are safe; the rest were lost
+        # with the dead worker and go back on the queue (a duplicate reply is ignored).
+        queued = [pickle.loads(raw) for raw in pool.drain_tasks()]
+        busy = set()
+        for i in range(self._num_workers):
+            if i != worker_id:
+                epoch, task, _ = pool.status.task(i)
+                if task != IDLE and epoch == self._epoch:
+                    busy.add(task)
+        queued_ids = {m[2] for m in queued if m[0] == "B" and m[1] == self._epoch}
+        lost = [i for i in self._book.pending() if i not in busy and i not in queued_ids]
+        pool.restart(worker_id)
+        self._workers = pool.processes
+        pool.send_ctrl(worker_id, self._catch_up_message())
+        redo = [m for m in queued if m[0] == "B" and m[1] == self._epoch]
+        for idx in lost:
+            index = self._book.request(idx)
+            redo.append(("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index))
+        for m in sorted(redo, key=lambda m: m[2]):
+            pool.put_task(pickle.dumps(m, protocol=_PROTOCOL))
+
+    def _catch_up_message(self) -> bytes:
+        """An epoch message carrying every change since the pool started (for a new worker)."""
+        changes = list(self._all_changes.items())
+        return self._epoch_message(changes, self._last_set_epoch)
 
     def _handle(self, raw: bytes) -> None:
         msg = pickle.loads(raw)
@@ -259,20 +387,36 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             pid = self._workers[worker_id].pid
             self._shutdown()
             raise unpack_exception(packed, worker_id, pid, None)
-        epoch, idx = msg[1], msg[2]
+        epoch, idx, wid = msg[1], msg[2], msg[3]
         if kind == "D":
             self._slots.forget(msg[6])
-            self._worker_batches[msg[3]] += 1
-            self._worker_busy[msg[3]] += msg[4]
-        if epoch != self._epoch:
-            self._discard(msg)  # a batch of an abandoned epoch
+            self._worker_batches[wid] += 1
+            self._worker_busy[wid] += msg[4]
+        if epoch != self._epoch or idx not in self._book.pending():
+            self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return
         if kind == "Z":
-            self._active[msg[3]] = False
+            self._active[wid] = False
             self._book.skip(idx)
             self._fill()
-        else:
-            self._book.complete(idx, (msg, self._book.request(idx)))
+            return
+        if kind == "K":
+            self._record_failures(msg[4], wid)
+            self._book.skip(idx)
+            self._fill()
+            return
+        if kind == "D" and msg[9]:
+            self._record_failures(msg[9], wid)
+        self._book.complete(idx, (msg, self._book.request(idx)))
+
+    def _record_failures(self, failures: list[tuple[Any, ...]], worker_id: int) -> None:
+        for index, exc_type, message, replacement in failures:
+            self._failures.append(
+                Failure(index, self._epoch, worker_id, exc_type, message, replacement)
+            )
+            if replacement is None:
+                self._failed_samples += 1
+        self._policy.check(self._failures, self._samples + self._failed_samples)
 
     def _discard(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "D" and msg[5] is not None:
@@ -281,6 +425,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
 
     def _deliver(self, idx: int, reply: tuple[tuple[Any, ...], Any]) -> Any:
         msg, index = reply
+        if self._state is not None:
+            self._state.delivered.add(idx)
         if msg[0] == "X":
             worker_id = msg[3]
             raise unpack_exception(msg[4], worker_id, self._workers[worker_id].pid, index)
@@ -292,23 +438,38 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             batch = _pin_memory(batch, self._pin_memory_device)
         return batch
 
-    # -- stats and shutdown --------------------------------------------------------------
+    # -- state, stats and shutdown -------------------------------------------------------
+
+    def epoch_state(self) -> EpochState | None:
+        return self._state
 
     def stats(self) -> LoaderStats:
         pool = self._pool
         now = time.monotonic()
         elapsed = max(1e-9, now - self._started)
-        workers = tuple(
-            WorkerStats(
-                worker_id=i,
-                pid=p.pid,
-                alive=pool is not None and not pool.closed and p.exitcode is None,
-                batches=self._worker_batches[i],
-                busy_s=self._worker_busy[i],
-                busy_fraction=min(1.0, self._worker_busy[i] / elapsed),
+        workers = []
+        for i, p in enumerate(self._workers):
+            alive = pool is not None and not pool.closed and p is not None and p.exitcode is None
+            current: tuple[object, ...] | None = None
+            since = None
+            if alive and pool is not None:
+                epoch, task, started = pool.status.task(i)
+                if task != IDLE and epoch == self._epoch:
+                    request = self._book.request(task)
+                    current = tuple(request) if isinstance(request, list) else (request,)
+                    since = started
+            workers.append(
+                WorkerStats(
+                    worker_id=i,
+                    pid=_pid(p),
+                    alive=alive,
+                    batches=self._worker_batches[i],
+                    busy_s=self._worker_busy[i],
+                    busy_fraction=min(1.0, self._worker_busy[i] / elapsed),
+                    current_indices=current,
+                    busy_since=since,
+                )
             )
-            for i, p in enumerate(self._workers)
-        )
         return LoaderStats(
             backend="process",
             num_workers=self._num_workers,
@@ -322,7 +483,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             slots_in_use=self._slots.busy(),
             slot_bytes=self._slots.nbytes,
             fallback_batches=self._fallbacks,
-            workers=workers,
+            failures=len(self._failures),
+            worker_restarts=self._restarts,
+            workers=tuple(workers),
         )
 
     def _shutdown(self) -> None:
@@ -335,3 +498,19 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self._shutdown()
+
+
+def _pid(proc: Any) -> int | None:
+    try:
+        return int(proc.pid)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def _short(indices: Any, limit: int = 16) -> str:
+    try:
+        items = list(indices)
+    except TypeError:
+        return repr(indices)
+    text = ", ".join(map(repr, items[:limit]))
+    return f"[{text}{', ...' if len(items) > limit else ''}]"

@@ -6,6 +6,7 @@ Every error stoker raises on its own account derives from :class:`StokerError`::
     ├── ConfigError (also ValueError)   a bad argument or configuration value
     ├── WorkerError (also RuntimeError) a worker died, hung or could not start
     │   └── WorkerTimeoutError          no batch within ``timeout`` seconds
+    ├── FailureLimitError (also RuntimeError) more bad samples than ``max_failures`` allows
     └── SharedMemoryError (also OSError) the shared-memory directory is too small or unusable
 
 Exceptions raised by user code inside a worker (``__getitem__``, ``collate_fn``,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "FailureLimitError",
     "RemoteTraceback",
     "SharedMemoryError",
     "StokerError",
@@ -40,6 +42,18 @@ class WorkerError(StokerError, RuntimeError):
 
 class WorkerTimeoutError(WorkerError):
     """No batch arrived within the loader's ``timeout``."""
+
+
+class FailureLimitError(StokerError, RuntimeError):
+    """More samples failed than ``max_failures`` allows; the message lists them.
+
+    Attributes:
+        failures: every :class:`stoker.Failure` recorded so far.
+    """
+
+    def __init__(self, message: str, failures: list[object]) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 class SharedMemoryError(StokerError, OSError):

@@ -9,14 +9,17 @@ torch's own; with workers it runs on stoker's engine (see ``stoker._iterator``).
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args
 
 import torch
 import torch.utils.data as tud
 
+from stoker._resume import EpochState
 from stoker._stats import LoaderStats
 from stoker.errors import ConfigError
+from stoker.faults import Failure, FailurePolicy, OnError
 
 __all__ = ["Backend", "DataLoader"]
 
@@ -64,6 +67,14 @@ class DataLoader(tud.DataLoader):
         pin_memory_device: deprecated in torch; accepted and passed on.
         in_order: deliver batches in sampler order (``True``, default) or as they complete.
         backend: where workers run. ``"process"`` (default) is the only backend so far.
+        on_error: what a sample that raises does: ``"raise"`` (default, as torch),
+            ``"skip"`` (drop it; the batch is smaller) or ``"replace"`` (load another sample
+            instead; batches keep their size). Failures are listed in ``loader.failures``.
+        max_failures: with ``"skip"``/``"replace"``, how many failures to tolerate: an int
+            count, a float fraction of samples seen (checked after 100 samples), or ``None``
+            (default) for no limit. Beyond it :class:`stoker.FailureLimitError` is raised.
+        max_worker_restarts: how many times a worker that dies (segfault, OOM kill) is
+            replaced, its batches loaded again; default 0 raises at the first death, as torch.
 
     Raises:
         ValueError: for every argument combination torch rejects, with torch's message.
@@ -91,10 +102,22 @@ class DataLoader(tud.DataLoader):
         pin_memory_device: str = "",
         in_order: bool = True,
         backend: Backend = "process",
+        on_error: OnError = "raise",
+        max_failures: int | float | None = None,
+        max_worker_restarts: int = 0,
     ) -> None:
         if backend not in _BACKENDS:
             raise ConfigError(
                 f"`backend` must be one of {', '.join(map(repr, _BACKENDS))}. Found: {backend!r}."
+            )
+        policy = FailurePolicy(on_error, max_failures)
+        if (
+            not isinstance(max_worker_restarts, int)
+            or isinstance(max_worker_restarts, bool)
+            or max_worker_restarts < 0
+        ):
+            raise ConfigError(
+                f"`max_worker_restarts` must be an int >= 0. Found: {max_worker_restarts!r}."
             )
         if persistent_workers is None:
             persistent_workers = isinstance(num_workers, int) and num_workers > 0
@@ -122,17 +145,64 @@ class DataLoader(tud.DataLoader):
         )
         self.in_order = in_order
         self.backend = backend
+        self.failure_policy = policy
+        self.max_worker_restarts = max_worker_restarts
+        #: Every sample that failed to load (``on_error="skip"``/``"replace"``), oldest first.
+        self.failures: list[Failure] = []
         self._epoch_request: int | None = None
+        self._epochs_started = 0
+        self._epoch_state: EpochState | None = None
+        self._resume_state: EpochState | None = None
+        self._live: weakref.ref[Any] | None = None
 
     # -- iteration -----------------------------------------------------------------------
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
-            return super()._get_iterator()
-        from stoker._iterator import MultiWorkerIterator
+            from stoker._inline import InlineIterator
 
-        self.check_worker_number_rationality()
-        return MultiWorkerIterator(self)
+            iterator: Any = InlineIterator(self)
+        else:
+            from stoker._iterator import MultiWorkerIterator
+
+            self.check_worker_number_rationality()
+            iterator = MultiWorkerIterator(self)
+        self._live = weakref.ref(iterator)
+        return iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands, for an exact resume with :meth:`load_state_dict`.
+
+        Taken mid-epoch, resuming delivers exactly the batches not yet delivered, with the same
+        contents and randomness, whatever ``num_workers`` or ``in_order`` the resumed loader
+        uses. Taken at an epoch's end (or before the first), resuming starts the next epoch.
+        Put it in your checkpoint: ``torch.save({"loader": loader.state_dict(), ...}, path)``.
+
+        Returns:
+            A dictionary of plain values and tensors (picklable, ``torch.save``-able).
+        """
+        state = self._epoch_state
+        if state is None:
+            fresh = EpochState(self._epochs_started, EpochState.capture_rng(self.generator))
+            return fresh.to_dict()
+        if state.finished:
+            return state.after(EpochState.capture_rng(self.generator)).to_dict()
+        return state.to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter(loader)`` continues that epoch.
+
+        With ``generator=None`` the resumed epoch restores torch's global random state as it
+        was at that epoch's start (pass a ``generator`` to keep the global state untouched).
+
+        Raises:
+            ConfigError: if ``state_dict`` was not made by :meth:`state_dict`.
+        """
+        state = EpochState.from_dict(state_dict)
+        if state.finished:
+            state = EpochState(state.epoch + 1, None)
+        self._resume_state = state
+        self._epochs_started = state.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Announce the coming epoch to the sampler, the dataset and the workers.
@@ -164,8 +234,9 @@ class DataLoader(tud.DataLoader):
 
     def stats(self) -> LoaderStats:
         """A snapshot of the loader's internals (see :class:`stoker.LoaderStats`)."""
-        iterator = self._iterator
+        iterator = self._iterator or (self._live() if self._live is not None else None)
         if iterator is not None and hasattr(iterator, "stats"):
             return iterator.stats()
-        return LoaderStats(backend="inline" if self.num_workers == 0 else "process",
-                           num_workers=self.num_workers)
+        return LoaderStats(
+            backend="inline" if self.num_workers == 0 else "process", num_workers=self.num_workers
+        )

@@ -1,14 +1,20 @@
 """The code that runs inside a worker process.
 
-A worker takes a task (``B``: fetch and collate the samples of one batch), reseeds
-``torch``/``random``/``numpy`` from the task's seed, collates straight into a shared-memory
-slot, and sends a small header back. Control messages (``E``: a new epoch, with the dataset
-attributes the main process changed; ``S``: stop) come on its own control pipe. A daemon
-thread ends the worker when the main process dies, even while user code blocks.
+A worker takes a task (``B``: fetch and collate the samples of one batch), records it in the
+shared status table, reseeds ``torch``/``random``/``numpy`` from the task's seed, collates
+straight into a shared-memory slot, and sends a small header back. Control messages (``E``: a
+new epoch, with the dataset attributes the main process changed; ``S``: stop) come on its own
+control pipe. When the main process dies the worker unlinks the pool's shared memory and
+exits, even while user code blocks (a watcher thread, and ``PR_SET_PDEATHSIG`` on Linux).
+``SIGUSR1`` makes it write every thread's Python stack to its stack file (hang reports).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import faulthandler
+import glob
 import os
 import pickle
 import signal
@@ -20,7 +26,6 @@ from typing import Any
 
 import cloudpickle
 import torch
-from torch.utils.data._utils import fetch as _fetch
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker._epoch_sync import apply_changes
@@ -28,6 +33,9 @@ from stoker._seeding import seed_all
 from stoker.transport import SlotArena, encode
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
+from stoker.workers._fetch import BatchFetcher, SkipBatch
+from stoker.workers._queue import TaskQueue
+from stoker.workers._status import StatusTable
 
 __all__ = ["STOP", "WorkerSpec", "worker_main"]
 
@@ -35,6 +43,7 @@ STOP = b"S"
 # How often a worker checks that the main process is still alive.
 PARENT_POLL_S = 0.25
 _PROTOCOL = 5
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -44,19 +53,45 @@ class WorkerSpec:
     worker_id: int
     num_workers: int
     seed: int  # torch's per-worker seed: base seed + worker id
-    slot_prefix: str
+    shm_dir: str  # directory of the pool's shared-memory files
+    slot_prefix: str  # file-name prefix of the pool's shared-memory files
     slot_budget: int
     threads: int
     iterable: bool  # iterable dataset: tasks come on the control pipe
     auto_collation: bool
     drop_last: bool
+    on_error: str = "raise"
+    pdeathsig: bool = True
 
 
-def _watch_parent(ppid: int) -> None:
+def _cleanup_pool_files(prefix: str) -> None:
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _watch_parent(ppid: int, prefix: str) -> None:
     while True:
         time.sleep(PARENT_POLL_S)
         if os.getppid() != ppid:
+            _cleanup_pool_files(prefix)
             os._exit(1)
+
+
+def _set_pdeathsig(ppid: int, prefix: str) -> None:
+    """Get SIGTERM when the parent dies; then unlink the pool's files and exit at once."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        if os.getppid() != ppid:
+            _cleanup_pool_files(prefix)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != ppid:  # the parent died before prctl took effect
+        on_term(signal.SIGTERM, None)
 
 
 def _cap_threads(n: int) -> None:
@@ -71,28 +106,34 @@ def _cap_threads(n: int) -> None:
         pass
     cv2 = sys.modules.get("cv2")
     if cv2 is not None:
-        try:
+        with contextlib.suppress(Exception):
             cv2.setNumThreads(n)
-        except Exception:
-            pass
 
 
 class _Worker:
     def __init__(
-        self, spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any, ctrl: Any, out: Any
+        self,
+        spec: WorkerSpec,
+        payload: Any,
+        queue: TaskQueue,
+        status: StatusTable,
+        ctrl: Any,
+        out: Any,
     ) -> None:
         self.spec = spec
         if isinstance(payload, bytes):
             payload = cloudpickle.loads(payload)
         self.dataset, self.collate_fn, self.worker_init_fn = payload
-        self.task_reader = task_reader
-        self.task_lock = task_lock
+        self.queue = queue
+        self.status = status
         self.ctrl = ctrl
         self.out = out
         self.epoch = -1
         self.fetcher: Any = None
         self.fetcher_error: BaseException | None = None
-        self.arena = SlotArena(spec.slot_prefix, spec.worker_id, spec.slot_budget)
+        self.arena = SlotArena(
+            spec.slot_prefix, spec.worker_id, spec.slot_budget, directory=spec.shm_dir
+        )
 
     def send(self, msg: tuple[Any, ...]) -> None:
         self.out.send_bytes(pickle.dumps(msg, protocol=_PROTOCOL))
@@ -105,9 +146,7 @@ class _Worker:
         seed_all(spec.seed)
         _collate.install(self.arena)
         if not spec.iterable:
-            self.fetcher = _fetch._MapDatasetFetcher(
-                self.dataset, spec.auto_collation, self.collate_fn, spec.drop_last
-            )
+            self.fetcher = self._new_fetcher()
         if self.worker_init_fn is not None:
             try:
                 self.worker_init_fn(spec.worker_id)
@@ -115,6 +154,8 @@ class _Worker:
                 self.send(("F", spec.worker_id, pack_exception(exc, "running `worker_init_fn`")))
                 return False
         return True
+
+    # -- epochs --------------------------------------------------------------------------
 
     def start_epoch(self, msg: tuple[Any, ...]) -> None:
         _, epoch, changes, set_epoch = msg
@@ -129,11 +170,20 @@ class _Worker:
             self.fetcher = None
             self.fetcher_error = None
             try:
-                self.fetcher = _fetch._IterableDatasetFetcher(
-                    self.dataset, self.spec.auto_collation, self.collate_fn, self.spec.drop_last
-                )
+                self.fetcher = self._new_fetcher()
             except Exception as exc:
                 self.fetcher_error = exc
+
+    def _new_fetcher(self) -> BatchFetcher:
+        spec = self.spec
+        return BatchFetcher(
+            self.dataset,
+            iterable=spec.iterable,
+            auto_collation=spec.auto_collation,
+            collate_fn=self.collate_fn,
+            drop_last=spec.drop_last,
+            on_error=spec.on_error,
+        )
 
     def catch_up(self, epoch: int) -> bool:
         """Apply control messages until epoch ``epoch`` has started; False on stop."""
@@ -146,7 +196,9 @@ class _Worker:
 
     def run_task(self, msg: tuple[Any, ...]) -> None:
         _, epoch, idx, seed, index = msg
+        wid = self.spec.worker_id
         t0 = time.perf_counter()
+        self.status.begin(wid, epoch, idx)
         seed_all(seed)
         arena = self.arena
         try:
@@ -157,47 +209,43 @@ class _Worker:
             if self.fetcher is None:
                 raise StopIteration
             arena.begin()
-            batch = self.fetcher.fetch(index)
+            batch, failures = self.fetcher.fetch(index, seed)
             enc = encode(batch, arena)
             del batch
         except StopIteration:
-            self.send(("Z", epoch, idx, self.spec.worker_id))
+            self.send(("Z", epoch, idx, wid))
+            return
+        except SkipBatch as skip:
+            arena.current = None
+            self.send(("K", epoch, idx, wid, skip.failures))
             return
         except Exception as exc:
             arena.current = None
-            self.send(
-                (
-                    "X",
-                    epoch,
-                    idx,
-                    self.spec.worker_id,
-                    pack_exception(exc, "loading the samples at indices"),
-                )
-            )
+            where = "loading the samples at indices"
+            self.send(("X", epoch, idx, wid, pack_exception(exc, where)))
             return
+        finally:
+            self.status.end(wid)
         busy = time.perf_counter() - t0
         self.send(
             (
                 "D",
                 epoch,
                 idx,
-                self.spec.worker_id,
+                wid,
                 busy,
                 enc.slot,
                 arena.take_retired(),
                 enc.payload,
                 enc.fallback,
+                failures,
             )
         )
 
     def loop(self) -> None:
         iterable = self.spec.iterable
         while True:
-            if iterable:
-                raw = self.ctrl.recv_bytes()
-            else:
-                with self.task_lock:
-                    raw = self.task_reader.recv_bytes()
+            raw = self.ctrl.recv_bytes() if iterable else self.queue.get()
             if raw == STOP:
                 return
             msg = pickle.loads(raw)
@@ -210,37 +258,47 @@ class _Worker:
 
 
 def worker_main(
-    spec: WorkerSpec, payload: Any, task_reader: Any, task_lock: Any, ctrl: Any, out: Any
+    spec: WorkerSpec,
+    payload: Any,
+    queue: TaskQueue,
+    status: StatusTable,
+    ctrl: Any,
+    out: Any,
+    stack_path: str,
 ) -> None:
     """Entry point of a worker process."""
+    ppid = os.getppid()
+    pool_files = os.path.join(spec.shm_dir, spec.slot_prefix)
     # Ctrl-C is the main process's to handle; it then stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(
-        target=_watch_parent, args=(os.getppid(),), daemon=True, name="stoker-parent-watch"
+        target=_watch_parent,
+        args=(ppid, pool_files),
+        daemon=True,
+        name="stoker-parent",
     ).start()
-    try:
+    stack_file = open(stack_path, "w")  # lives as long as the process
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    with contextlib.suppress(Exception):
         from torch.utils.data._utils import signal_handling
 
         signal_handling._set_worker_signal_handlers()
-    except Exception:
-        pass
+    if spec.pdeathsig:  # after torch's handlers, which include a SIGTERM one
+        _set_pdeathsig(ppid, pool_files)
     _cap_threads(spec.threads)
+    status.hello(spec.worker_id)
     worker: _Worker | None = None
     try:
-        worker = _Worker(spec, payload, task_reader, task_lock, ctrl, out)
+        worker = _Worker(spec, payload, queue, status, ctrl, out)
         if worker.setup():
             worker.loop()
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass
     except BaseException as exc:
-        try:
+        with contextlib.suppress(Exception):
             out.send_bytes(
-                pickle.dumps(
-                    ("F", spec.worker_id, pack_exception(exc, "starting")), protocol=_PROTOCOL
-                )
+                pickle.dumps(("F", spec.worker_id, pack_exception(exc, "starting")), _PROTOCOL)
             )
-        except Exception:
-            pass
     finally:
         if worker is not None:
             worker.arena.close()

@@ -1,14 +1,16 @@
-"""Starting, feeding and stopping worker processes (fork, forkserver or spawn).
+"""Starting, feeding, restarting and stopping worker processes (fork, forkserver, spawn).
 
-Pipes::
+Channels::
 
-    main --(shared task pipe, read under a lock)--> any idle worker    map-style batches
-    main --(one control pipe per worker)----------> worker i           epochs, iterable tasks, stop
-    worker i --(one result pipe per worker)-------> main               data headers, errors
+    main --(shared task queue, whole records)---> any idle worker   map-style batches
+    main --(one control pipe per worker)--------> worker i          epochs, iterable tasks, stop
+    worker i --(one result pipe per worker)-----> main              data headers, errors
+    worker i --(status table row i, shared)-----> main              current task, start time
+    worker i --(stack file i, on SIGUSR1)-------> main              Python stacks of a hang
 
 Under fork the dataset, ``collate_fn`` and ``worker_init_fn`` are inherited; under spawn and
 forkserver they are serialised once with cloudpickle (lambdas and classes defined in
-``__main__`` or a notebook work) and reused for every worker.
+``__main__`` or a notebook work) and reused for every worker, restarts included.
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ import gc
 import multiprocessing.connection as mpc
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import cloudpickle
 
 from stoker.transport import unlink_owned
-from stoker.workers._loop import WorkerSpec, worker_main
+from stoker.workers._loop import STOP, WorkerSpec, worker_main
+from stoker.workers._queue import TaskQueue
+from stoker.workers._status import StatusTable
 
 __all__ = ["WorkerPool", "describe_exit"]
 
 # Seconds a worker gets to exit after being asked, then after SIGTERM, before SIGKILL.
 STOP_GRACE_S = 1.0
 TERM_GRACE_S = 0.5
+# Seconds to wait for a worker to write its stacks after SIGUSR1.
+STACK_DUMP_WAIT_S = 0.3
 # Pipes are enlarged to this size (Linux) so that queued tasks never block the main process.
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
@@ -54,7 +61,7 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
         cause = _LIKELY_CAUSE.get(sig)
-        return f"signal {sig.name}" + (f": {cause}" if cause else "")
+        return f"signal {sig.name}" + (f" ({cause})" if cause else "")
     return f"exit code {exitcode}"
 
 
@@ -64,112 +71,168 @@ def _enlarge(conn: Any) -> None:
 
 
 class WorkerPool:
-    """A fixed set of worker processes and their pipes.
+    """A fixed set of worker processes, their channels, and their shared files.
 
     Args:
         ctx: multiprocessing context (decides the start method).
-        specs: one :class:`WorkerSpec` per worker.
+        specs: one :class:`WorkerSpec` per worker (all with the same ``shm_dir`` and
+            ``slot_prefix``).
         payload: ``(dataset, collate_fn, worker_init_fn)``.
     """
 
     def __init__(self, ctx: Any, specs: list[WorkerSpec], payload: tuple[Any, ...]) -> None:
         self._ctx = ctx
         self.start_method: str = ctx.get_start_method()
-        self.slot_prefix = specs[0].slot_prefix if specs else ""
-        self.task_reader, self.task_writer = ctx.Pipe(duplex=False)
-        _enlarge(self.task_writer)
-        self.task_lock = ctx.Lock()
-        self._payload: Any = payload if self.start_method == "fork" else cloudpickle.dumps(payload)
         self.specs = specs
-        self.processes: list[Any] = []
-        self.ctrl: list[Any] = []
-        self.results: list[Any] = []
+        self.shm_dir = specs[0].shm_dir
+        self.prefix = specs[0].slot_prefix
+        base = os.path.join(self.shm_dir, self.prefix)
+        reader, writer = ctx.Pipe(duplex=False)
+        _enlarge(writer)
+        self.queue = TaskQueue(reader, writer, base + "task-")
+        self.status = StatusTable.create(base + "status", len(specs))
+        self._payload: Any = payload if self.start_method == "fork" else cloudpickle.dumps(payload)
+        # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
+        # from another thread they must not, since that fires when the *thread* exits.
+        self._pdeathsig = threading.current_thread() is threading.main_thread()
+        self.processes: list[Any] = [None] * len(specs)
+        self.ctrl: list[Any] = [None] * len(specs)
+        self.results: list[Any] = [None] * len(specs)
         self.closed = False
-        frozen = self.start_method == "fork"
-        if frozen:
-            # Objects moved to the permanent generation are never touched by the collector,
-            # so forked workers do not copy the pages that hold them.
-            gc.freeze()
         try:
             for spec in specs:
-                self._start(spec)
+                self._start(spec.worker_id)
         except BaseException:
             self.shutdown()
             raise
-        finally:
-            if frozen:
-                gc.unfreeze()
 
-    def _start(self, spec: WorkerSpec) -> None:
+    def stack_path(self, worker_id: int) -> str:
+        return os.path.join(self.shm_dir, f"{self.prefix}stack-{worker_id}")
+
+    def _start(self, worker_id: int) -> None:
+        spec = self.specs[worker_id]
+        if spec.pdeathsig != self._pdeathsig:
+            spec = self.specs[worker_id] = type(spec)(
+                **{**spec.__dict__, "pdeathsig": self._pdeathsig}
+            )
         ctrl_r, ctrl_w = self._ctx.Pipe(duplex=False)
         res_r, res_w = self._ctx.Pipe(duplex=False)
         _enlarge(ctrl_w)
         _enlarge(res_w)
+        self.status.reset(worker_id)
         proc = self._ctx.Process(
             target=worker_main,
-            args=(spec, self._payload, self.task_reader, self.task_lock, ctrl_r, res_w),
-            name=f"stoker-worker-{spec.worker_id}",
+            args=(
+                spec,
+                self._payload,
+                self.queue,
+                self.status,
+                ctrl_r,
+                res_w,
+                self.stack_path(worker_id),
+            ),
+            name=f"stoker-worker-{worker_id}",
             daemon=True,
         )
-        proc.start()
-        ctrl_r.close()
-        res_w.close()
-        self.processes.append(proc)
-        self.ctrl.append(ctrl_w)
-        self.results.append(res_r)
+        frozen = self.start_method == "fork"
+        if frozen:
+            # Objects in the permanent generation are never touched by the collector, so a
+            # forked worker does not copy the pages that hold them.
+            gc.freeze()
+        try:
+            proc.start()
+        finally:
+            if frozen:
+                gc.unfreeze()
+            ctrl_r.close()
+            res_w.close()
+        self.processes[worker_id] = proc
+        self.ctrl[worker_id] = ctrl_w
+        self.results[worker_id] = res_r
+
+    def restart(self, worker_id: int) -> None:
+        """Replace a dead worker by a new process with the same id and spec."""
+        old = self.processes[worker_id]
+        with contextlib.suppress(Exception):
+            old.join(0)
+            old.close()
+        for conn in (self.ctrl[worker_id], self.results[worker_id]):
+            with contextlib.suppress(OSError):
+                conn.close()
+        self._start(worker_id)
 
     # -- traffic -------------------------------------------------------------------------
 
     def put_task(self, data: bytes) -> None:
-        self.task_writer.send_bytes(data)
+        self.queue.put(data)
 
     def send_ctrl(self, worker_id: int, data: bytes) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.ctrl[worker_id].send_bytes(data)
 
-    def drain_tasks(self) -> int:
-        """Remove tasks no worker has taken yet; returns how many."""
-        count = 0
-        with self.task_lock:
-            while self.task_reader.poll(0):
-                self.task_reader.recv_bytes()
-                count += 1
-        return count
+    def drain_tasks(self) -> list[bytes]:
+        """Take back the tasks no worker has taken yet."""
+        return self.queue.drain()
 
     def wait(self, timeout: float) -> list[Any]:
         """Result connections with data, or sentinels of dead workers, within ``timeout``."""
         return mpc.wait(self.results + [p.sentinel for p in self.processes], timeout)
 
+    def dump_stack(self, worker_id: int) -> str:
+        """The Python stacks of a (hung) worker's threads, via faulthandler; "" if none."""
+        proc = self.processes[worker_id]
+        path = self.stack_path(worker_id)
+        try:
+            before = os.path.getsize(path)
+            os.kill(proc.pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        deadline = time.monotonic() + STACK_DUMP_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            with contextlib.suppress(OSError):
+                if os.path.getsize(path) > before:
+                    time.sleep(0.02)  # let it finish writing
+                    break
+        try:
+            with open(path) as f:
+                f.seek(before)
+                return f.read()
+        except OSError:
+            return ""
+
     # -- shutdown ------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop every worker (politely, then by signal), close pipes, unlink slots."""
+        """Stop every worker (politely, then by signal), close channels, unlink files."""
         if self.closed:
             return
         self.closed = True
-        stop = b"S"
-        alive = [p for p in self.processes if p.is_alive()]
+        procs = [p for p in self.processes if p is not None]
+        alive = [p for p in procs if p.is_alive()]
         for i in range(len(self.processes)):
             with contextlib.suppress(OSError, ValueError):
-                self.task_writer.send_bytes(stop)
-            self.send_ctrl(i, stop)
+                self.queue.put(STOP)
+            if self.ctrl[i] is not None:
+                self.send_ctrl(i, STOP)
         deadline = time.monotonic() + STOP_GRACE_S
         for p in alive:
             p.join(max(0.0, deadline - time.monotonic()))
-        for sig_wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
+        for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
             alive = [p for p in alive if p.is_alive()]
             if not alive:
                 break
             for p in alive:
                 with contextlib.suppress(OSError):
-                    os.kill(p.pid, sig_wait[0])
-            deadline = time.monotonic() + sig_wait[1]
+                    os.kill(p.pid, sig)
+            deadline = time.monotonic() + grace
             for p in alive:
                 p.join(max(0.0, deadline - time.monotonic()))
-        for conn in (*self.ctrl, *self.results, self.task_reader, self.task_writer):
-            with contextlib.suppress(OSError):
-                conn.close()
-        for p in self.processes:
+        for conn in (*self.ctrl, *self.results, self.queue.reader, self.queue.writer):
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        for p in procs:
             with contextlib.suppress(ValueError, AttributeError):
                 p.close()
-        unlink_owned(self.slot_prefix)
+        unlink_owned(self.prefix, self.shm_dir)

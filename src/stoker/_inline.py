@@ -1,0 +1,140 @@
+"""The iterator behind ``stoker.DataLoader`` when ``num_workers=0``.
+
+Batches are loaded in the main process, as torch does, with stoker's promises kept: each
+batch's randomness comes from (epoch seed, batch index), so augmentations equal those of any
+``num_workers`` (the caller's random state is saved and restored around each batch, so its
+own stream is untouched); ``on_error`` applies; the epoch can be saved and resumed exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import dataloader as _torch_dl
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from stoker._resume import EpochState
+from stoker._seeding import batch_seed, seed_all
+from stoker._stats import LoaderStats
+from stoker.faults import Failure
+from stoker.workers._fetch import BatchFetcher, SkipBatch
+
+__all__ = ["InlineIterator"]
+
+
+class InlineIterator(_torch_dl._BaseDataLoaderIter):
+    """Loads each batch in the calling process (see the module docstring)."""
+
+    def __init__(self, loader: Any) -> None:
+        rng_at_start = EpochState.capture_rng(loader.generator)
+        super().__init__(loader)
+        self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
+        self._policy = loader.failure_policy
+        self._failures: list[Failure] = loader.failures
+        self._wait_s = 0.0
+        self._samples = 0
+        self._failed_samples = 0
+        self._begin_epoch(loader, rng_at_start, first=True)
+
+    def _begin_epoch(self, loader: Any, rng_at_start: torch.Tensor, first: bool) -> None:
+        resume: EpochState | None = loader._resume_state
+        loader._resume_state = None
+        if resume is not None:
+            resume.restore_rng(loader.generator)
+            resume.restore_sampler(self._index_sampler)
+            rng_at_start = resume.rng if resume.rng is not None else rng_at_start
+            self._sampler_iter = iter(self._index_sampler)
+        if not first or resume is not None:
+            self._base_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+            )
+        epoch = resume.epoch if resume is not None else loader._epochs_started
+        loader._epochs_started = epoch + 1
+        self._state = EpochState(
+            epoch=epoch,
+            rng=rng_at_start,
+            sampler=EpochState.capture_sampler(self._index_sampler),
+            delivered=set(resume.delivered) if resume is not None else set(),
+        )
+        loader._epoch_state = self._state
+        self._task = 0
+        self._wait_s = 0.0
+        self._samples = 0
+        self._failed_samples = 0
+        self._fetcher = BatchFetcher(
+            self._dataset,
+            iterable=self._iterable,
+            auto_collation=self._auto_collation,
+            collate_fn=self._collate_fn,
+            drop_last=self._drop_last,
+            on_error=self._policy.on_error,
+        )
+        set_epoch = loader._epoch_request
+        loader._epoch_request = None
+        del set_epoch  # the main-process dataset already got it from `loader.set_epoch`
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        rng_at_start = EpochState.capture_rng(loader.generator)
+        super()._reset(loader, first_iter)
+        self._begin_epoch(loader, rng_at_start, first=False)
+
+    def _next_data(self) -> Any:
+        t0 = time.perf_counter()
+        state = self._state
+        while True:
+            try:
+                index = self._next_index()
+            except StopIteration:
+                state.finished = True
+                raise
+            idx = self._task
+            self._task += 1
+            if idx in state.delivered:
+                continue
+            saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+            seed = batch_seed(int(self._base_seed), idx)
+            seed_all(seed)
+            try:
+                batch, failures = self._fetcher.fetch(index, seed)
+            except SkipBatch as skip:
+                self._record(skip.failures)
+                continue
+            except StopIteration:
+                state.finished = True
+                raise
+            finally:
+                torch.set_rng_state(saved[0])
+                random.setstate(saved[1])
+                np.random.set_state(saved[2])
+            if failures:
+                self._record(failures)
+            state.delivered.add(idx)
+            self._samples += len(index) if self._auto_collation else 1
+            if self._pin_memory:
+                batch = _pin_memory(batch, self._pin_memory_device)
+            self._wait_s += time.perf_counter() - t0
+            return batch
+
+    def _record(self, failures: list[tuple[Any, ...]]) -> None:
+        for index, exc_type, message, replacement in failures:
+            self._failures.append(
+                Failure(index, self._state.epoch, 0, exc_type, message, replacement)
+            )
+            if replacement is None:
+                self._failed_samples += 1
+        self._policy.check(self._failures, self._samples + self._failed_samples)
+
+    def stats(self) -> LoaderStats:
+        return LoaderStats(
+            backend="inline",
+            num_workers=0,
+            epoch=self._state.epoch,
+            batches=len(self._state.delivered),
+            samples=self._samples,
+            wait_s=self._wait_s,
+            failures=len(self._failures),
+        )

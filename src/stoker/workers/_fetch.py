@@ -1,0 +1,132 @@
+"""Fetching and collating one batch, with the ``on_error`` policy applied.
+
+Shared by worker processes and the inline (``num_workers=0``) iterator. With
+``on_error="raise"`` it is torch's own fetcher. Otherwise each sample is loaded on its own;
+one that raises is recorded and dropped (``"skip"``) or replaced by another sample drawn from
+the batch's seed (``"replace"``); a ``collate_fn`` that raises drops the whole batch.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from torch.utils.data._utils import fetch as _fetch
+
+from stoker._seeding import seed_all
+from stoker.faults import MAX_REPLACEMENT_TRIES
+
+__all__ = ["BatchFetcher", "SkipBatch"]
+
+# One recorded failure: (index, exception type name, message, replacement index or None).
+FailureRecord = tuple[Any, str, str, Any]
+
+
+class SkipBatch(Exception):
+    """Nothing of this batch could be loaded (tolerant policies only)."""
+
+    def __init__(self, failures: list[FailureRecord]) -> None:
+        super().__init__(f"{len(failures)} failures")
+        self.failures = failures
+
+
+def _record(index: Any, exc: BaseException, replacement: Any = None) -> FailureRecord:
+    return (index, type(exc).__qualname__, str(exc), replacement)
+
+
+class BatchFetcher:
+    """Loads batches of one dataset for one epoch.
+
+    Args:
+        dataset: the dataset.
+        iterable: whether it is an ``IterableDataset``.
+        auto_collation: whether tasks are lists of indices (``batch_size`` is set).
+        collate_fn: the loader's collate function.
+        drop_last: drop an incomplete last batch (iterable datasets).
+        on_error: ``"raise"``, ``"skip"`` or ``"replace"``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        iterable: bool,
+        auto_collation: bool,
+        collate_fn: Any,
+        drop_last: bool,
+        on_error: str,
+    ) -> None:
+        self.dataset = dataset
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.tolerant = on_error != "raise"
+        self.replace = on_error == "replace"
+        kind = _fetch._IterableDatasetFetcher if iterable else _fetch._MapDatasetFetcher
+        # An iterable dataset's iterator is created here, once per epoch.
+        self._torch = kind(dataset, auto_collation, collate_fn, drop_last)
+
+    def fetch(self, index: Any, seed: int) -> tuple[Any, list[FailureRecord]]:
+        """The collated batch for ``index`` and the failures met loading it.
+
+        Raises:
+            StopIteration: an iterable dataset is exhausted.
+            SkipBatch: nothing could be loaded (tolerant policies).
+            Exception: whatever the dataset raised (``on_error="raise"``).
+        """
+        if not self.tolerant:
+            return self._torch.fetch(index), []
+        failures: list[FailureRecord] = []
+        if self.iterable:
+            try:
+                return self._torch.fetch(index), failures
+            except StopIteration:
+                raise
+            except Exception as exc:
+                raise SkipBatch([_record(None, exc)]) from exc
+        samples: list[Any] = []
+        if not self.auto_collation:
+            self._load_one(index, seed, failures, samples)
+            if not samples:
+                raise SkipBatch(failures)
+            return self.collate_fn(samples[0]), failures
+        getitems = getattr(self.dataset, "__getitems__", None)
+        loaded = False
+        if getitems:
+            try:
+                samples = getitems(index)
+                loaded = True
+            except Exception:
+                seed_all(seed)  # load one by one, from the same random state
+                samples = []
+        if not loaded:
+            for i in index:
+                self._load_one(i, seed, failures, samples)
+        if not samples:
+            raise SkipBatch(failures)
+        try:
+            return self.collate_fn(samples), failures
+        except Exception as exc:
+            raise SkipBatch([*failures, _record(list(index), exc)]) from exc
+
+    def _load_one(self, i: Any, seed: int, failures: list[FailureRecord], out: list[Any]) -> None:
+        try:
+            out.append(self.dataset[i])
+        except Exception as exc:
+            replacement = None
+            if self.replace:
+                sample, replacement = self._replacement(seed, i)
+                if replacement is not None:
+                    out.append(sample)
+            failures.append(_record(i, exc, replacement))
+
+    def _replacement(self, seed: int, failed: Any) -> tuple[Any, Any]:
+        rng = random.Random(f"{seed}/{failed!r}")
+        n = len(self.dataset)
+        for _ in range(MAX_REPLACEMENT_TRIES):
+            j = rng.randrange(n)
+            try:
+                return self.dataset[j], j
+            except Exception:
+                continue
+        return None, None

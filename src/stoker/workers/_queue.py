@@ -1,0 +1,97 @@
+"""A task queue many workers read without a lock.
+
+Every task travels as one record of exactly :data:`RECORD` bytes (``PIPE_BUF`` on Linux).
+Pipe writes of at most ``PIPE_BUF`` bytes are atomic, and every reader asks for exactly one
+record, so each read returns one whole record: no reader lock exists that a worker killed
+mid-read could leave held, and the main process can drain the queue at any time (it does
+after a worker dies, to find the batches that worker took). A task too large for a record
+(a batch of thousands of indices) is written to a file and the record names it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+from typing import Any
+
+__all__ = ["RECORD", "TaskQueue"]
+
+RECORD = 4096  # == PIPE_BUF on Linux: writes up to this size are atomic
+_LEN = struct.Struct("<I")
+_INLINE = RECORD - _LEN.size
+_OVERFLOW = 0xFFFFFFFF
+
+
+class TaskQueue:
+    """Fixed-size records over a pipe.
+
+    Args:
+        reader: the read end (a ``multiprocessing.connection.Connection``).
+        writer: the write end.
+        overflow_prefix: path prefix for tasks larger than a record.
+    """
+
+    def __init__(self, reader: Any, writer: Any, overflow_prefix: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.overflow_prefix = overflow_prefix
+        self._overflow_count = 0
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to spawned workers
+        return {"reader": self.reader, "writer": None, "overflow_prefix": self.overflow_prefix}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._overflow_count = 0
+
+    def put(self, data: bytes) -> None:
+        """Append one task (main process only)."""
+        if len(data) <= _INLINE:
+            record = _LEN.pack(len(data)) + data
+        else:
+            self._overflow_count += 1
+            path = f"{self.overflow_prefix}{self._overflow_count}"
+            with open(path, "wb") as f:
+                f.write(data)
+            name = path.encode()
+            record = _LEN.pack(_OVERFLOW) + _LEN.pack(len(name)) + name
+        os.write(self.writer.fileno(), record.ljust(RECORD, b"\0"))
+
+    def _decode(self, record: bytes) -> bytes:
+        (n,) = _LEN.unpack_from(record)
+        if n != _OVERFLOW:
+            return record[_LEN.size : _LEN.size + n]
+        (m,) = _LEN.unpack_from(record, _LEN.size)
+        path = record[2 * _LEN.size : 2 * _LEN.size + m].decode()
+        with open(path, "rb") as f:
+            data = f.read()
+        os.unlink(path)
+        return data
+
+    def get(self) -> bytes:
+        """Take the next task, blocking (any process).
+
+        Raises:
+            EOFError: when every write end is closed.
+        """
+        fd = self.reader.fileno()
+        record = os.read(fd, RECORD)
+        if not record:
+            raise EOFError
+        while len(record) < RECORD:  # cannot happen with whole-record writes; be safe
+            more = os.read(fd, RECORD - len(record))
+            if not more:
+                raise EOFError
+            record += more
+        return self._decode(record)
+
+    def drain(self) -> list[bytes]:
+        """Take every task no worker has taken yet, without blocking (main process)."""
+        fd = self.reader.fileno()
+        out = []
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while poller.poll(0):
+            out.append(self.get())
+        return out

@@ -1,0 +1,96 @@
+"""What each worker is doing, in shared memory: read by the main process without messages.
+
+One row per worker: the task index it works on (-1 when idle), when it started it
+(``time.monotonic``, which is system-wide on Linux), the epoch, and its pid. A worker writes
+its row when it takes and finishes a task; the main process reads rows to find the batches a
+dead worker held, to name the worker a timeout waits on, and to show stalls in the stats.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from stoker.transport._mapping import map_file
+
+__all__ = ["IDLE", "StatusTable"]
+
+IDLE = -1
+_ROW = 8  # int64/float64 fields per row (room to grow)
+_TASK, _STARTED, _EPOCH, _PID = 0, 1, 2, 3
+
+
+class StatusTable:
+    """Rows of worker status in a shared file.
+
+    Args:
+        path: the file (created by the main process with :meth:`create`).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._buf: Any = None
+        self._ints: np.ndarray | None = None
+        self._floats: np.ndarray | None = None
+
+    @classmethod
+    def create(cls, path: str, rows: int) -> StatusTable:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(1, rows) * _ROW * 8)
+        finally:
+            os.close(fd)
+        table = cls(path)
+        table._attach()
+        assert table._ints is not None
+        table._ints[:, _TASK] = IDLE
+        return table
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def _attach(self) -> None:
+        if self._buf is None:
+            self._buf = map_file(self.path)
+            raw = np.frombuffer(self._buf, dtype=np.uint8)
+            self._ints = raw.view(np.int64).reshape(-1, _ROW)
+            self._floats = raw.view(np.float64).reshape(-1, _ROW)
+
+    # -- worker side ---------------------------------------------------------------------
+
+    def begin(self, worker_id: int, epoch: int, task: int) -> None:
+        self._attach()
+        assert self._ints is not None and self._floats is not None
+        self._floats[worker_id, _STARTED] = time.monotonic()
+        self._ints[worker_id, _EPOCH] = epoch
+        self._ints[worker_id, _TASK] = task
+
+    def end(self, worker_id: int) -> None:
+        assert self._ints is not None
+        self._ints[worker_id, _TASK] = IDLE
+
+    def hello(self, worker_id: int) -> None:
+        self._attach()
+        assert self._ints is not None
+        self._ints[worker_id, _PID] = os.getpid()
+        self._ints[worker_id, _TASK] = IDLE
+
+    # -- main side -----------------------------------------------------------------------
+
+    def task(self, worker_id: int) -> tuple[int, int, float]:
+        """``(epoch, task index or IDLE, started)`` of one worker."""
+        self._attach()
+        assert self._ints is not None and self._floats is not None
+        row_i = self._ints[worker_id]
+        return int(row_i[_EPOCH]), int(row_i[_TASK]), float(self._floats[worker_id, _STARTED])
+
+    def reset(self, worker_id: int) -> None:
+        self._attach()
+        assert self._ints is not None
+        self._ints[worker_id, _TASK] = IDLE
