@@ -1,0 +1,225 @@
+"""``stoker bench``: torch's DataLoader and stoker side by side on built-in workloads.
+
+Use it from Python to bench a dataset of your own::
+
+    from stoker.bench import Workload, run
+    result = run([Workload(name="mine", description="my data", batch_size=64,
+                           make_dataset=lambda quick: MyDataset())], quick=True)
+    print(result.workload("mine").stoker.samples_per_s)
+
+Modules: ``_workloads`` (what a workload is, the registry, the cache), ``_synthetic`` and
+``_jpeg`` (built-in workloads), ``_contenders`` (loader configurations), ``_harness``
+(measurement procedure), ``_measure`` (CPU and PSS meters), ``_stats`` (medians, ratios, the
+ideal), ``_result`` (result types), ``_report`` (table, verdicts, JSON), ``_plot`` (PNG),
+``_cli`` (the command).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from stoker.bench._harness import Plan, Progress, bench_workload
+from stoker.bench._result import (
+    BenchResult,
+    ContenderResult,
+    GridPoint,
+    RunSample,
+    WorkloadResult,
+)
+from stoker.bench._stats import Ideal
+from stoker.bench._workloads import Workload, builtin_workloads, get_workload, register
+from stoker.errors import ConfigError
+
+__all__ = [
+    "BenchResult",
+    "ContenderResult",
+    "GridPoint",
+    "Ideal",
+    "Plan",
+    "Progress",
+    "RunSample",
+    "Workload",
+    "WorkloadResult",
+    "builtin_workloads",
+    "make_plan",
+    "register",
+    "run",
+]
+
+QUICK_GRID_WORKERS = (0, 1, 2, 4)
+PREFETCH_GRID = (2, 4)
+
+
+def _grid_workers(cores: int, quick: bool) -> tuple[int, ...]:
+    """torch ``num_workers`` values to try: 0 to 4 x cores (geometric beyond 8)."""
+    top = 4 * cores
+    if quick:
+        return tuple(n for n in QUICK_GRID_WORKERS if n <= max(top, 1))
+    values = set(range(min(top, 8) + 1))
+    n = 8
+    while n < top:
+        n = int(n * 1.5)
+        values.add(min(n, top))
+    return tuple(sorted(values))
+
+
+def make_plan(
+    *,
+    quick: bool,
+    repeats: int | None = None,
+    cores: int | None = None,
+    multiprocessing_context: str | None = None,
+) -> Plan:
+    """The measuring plan for quick or full mode.
+
+    Args:
+        quick: short runs, 3 repeats and a reduced torch grid (about 25 s per workload on
+            2 cores) instead of 5 repeats and the full grid.
+        repeats: timed runs per contender. Default 3 in quick mode, 5 otherwise.
+        cores: usable cores. Default :func:`stoker._platform.usable_cores`.
+        multiprocessing_context: start method for loaders with workers. Default: platform's.
+
+    Raises:
+        ConfigError: if ``repeats`` < 1.
+    """
+    from stoker._platform import usable_cores
+
+    n = cores or usable_cores()
+    grid = _grid_workers(n, quick)
+    if quick:
+        note = (
+            f"quick mode: torch grid reduced to num_workers in {{{', '.join(map(str, grid))}}}"
+            f" x prefetch_factor {{2, 4}} with short runs (full grid: 0 to {4 * n})"
+        )
+        return Plan(
+            repeats=repeats or 3,
+            run_s=0.5,
+            warmup_s=0.1,
+            grid_run_s=0.25,
+            ideal_s=0.3,
+            grid_workers=grid,
+            grid_prefetch=PREFETCH_GRID,
+            grid_note=note,
+            stoker_workers=n,
+            cores=n,
+            multiprocessing_context=multiprocessing_context,
+        )
+    note = f"torch grid: num_workers in {{{', '.join(map(str, grid))}}} x prefetch_factor {{2, 4}}"
+    return Plan(
+        repeats=repeats or 5,
+        run_s=3.0,
+        warmup_s=0.5,
+        grid_run_s=1.0,
+        ideal_s=1.5,
+        grid_workers=grid,
+        grid_prefetch=PREFETCH_GRID,
+        grid_note=note,
+        stoker_workers=n,
+        cores=n,
+        multiprocessing_context=multiprocessing_context,
+    )
+
+
+def _machine(plan: Plan) -> dict[str, Any]:
+    import torch
+
+    import stoker
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "usable_cores": plan.cores,
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "stoker": stoker.__version__,
+        "cuda": torch.cuda.is_available(),
+        "start_method": plan.multiprocessing_context or multiprocessing.get_start_method(),
+    }
+
+
+def _steps(workload: Workload, plan: Plan) -> int:
+    contenders = 4 if workload.mode == "epochs" else 5
+    grid = len(plan.grid()) if workload.mode == "steady" else 0
+    return 1 + grid + plan.repeats * contenders
+
+
+def run(
+    workloads: Sequence[str | Workload] | None = None,
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    multiprocessing_context: str | None = None,
+    progress: Progress | None = None,
+    plan: Plan | None = None,
+) -> BenchResult:
+    """Run the bench and return every measurement.
+
+    Args:
+        workloads: workload names (see :func:`builtin_workloads`) or :class:`Workload`
+            objects. Default: the quick set in quick mode, every built-in workload otherwise.
+        quick: short runs, 3 repeats, reduced torch grid (see :func:`make_plan`).
+        repeats: timed runs per contender (default 3 quick, 5 full).
+        multiprocessing_context: start method for loaders with workers (``"fork"``,
+            ``"spawn"``, ``"forkserver"``). Default: the platform's.
+        progress: receives the total number of steps, then each step as it completes
+            (see :class:`~stoker.bench._harness.Progress`). Default: silent.
+        plan: a complete measuring plan, overriding ``quick``'s timings and ``repeats``.
+
+    Returns:
+        A :class:`BenchResult`.
+
+    Raises:
+        ConfigError: for an unknown workload name or an invalid ``repeats``.
+    """
+    if repeats is not None and repeats < 1:
+        raise ConfigError(f"`repeats` must be >= 1. Found: {repeats!r}.")
+    if plan is None:
+        plan = make_plan(
+            quick=quick, repeats=repeats, multiprocessing_context=multiprocessing_context
+        )
+    if workloads is None:
+        chosen = [w for w in builtin_workloads().values() if w.in_quick or not quick]
+    else:
+        chosen = [w if isinstance(w, Workload) else get_workload(w) for w in workloads]
+    if progress is not None:
+        progress.start(sum(_steps(w, plan) for w in chosen))
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    results = []
+    for workload in chosen:
+        done = 0
+
+        def counting(message: str, steps: int) -> None:
+            nonlocal done
+            done += steps
+            if progress is not None:
+                progress.advance(message, steps)
+
+        results.append(bench_workload(workload, plan, quick=quick, progress=counting))
+        if progress is not None and done < _steps(workload, plan):
+            progress.advance("", _steps(workload, plan) - done)
+    return BenchResult(
+        workloads=tuple(results),
+        quick=quick,
+        repeats=plan.repeats,
+        machine=_machine(plan),
+        started_at=started,
+        duration_s=time.perf_counter() - t0,
+    )

@@ -1,0 +1,198 @@
+"""``stoker bench``: the command line around :func:`stoker.bench.run`.
+
+Examples::
+
+    stoker bench --quick --plot bench.png          # the README's main command (< 2 min)
+    stoker bench --workload jpeg --workload io     # chosen workloads, full measurements
+    stoker bench --dataset mymod:make_dataset --batch-size 64 --json mine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+__all__ = ["configure", "load_factory", "run"]
+
+WORKLOAD_NAMES = ("tiny", "large", "jpeg", "heavytail", "io", "memory", "epochs")
+DEFAULT_USER_BATCH = 64
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``stoker bench``'s arguments to ``parser``."""
+    parser.add_argument(
+        "--workload",
+        "-w",
+        action="append",
+        metavar="NAME",
+        dest="workloads",
+        help=f"workload to run (repeatable): {', '.join(WORKLOAD_NAMES)}. Default: all, or "
+        "tiny, large, jpeg and heavytail with --quick.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short runs, 3 repeats, reduced torch grid: under 2 minutes",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help="timed runs per contender (default 3 with --quick, else 5)",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="write every measurement as JSON (schema stoker.bench/1)"
+    )
+    parser.add_argument(
+        "--plot", metavar="PATH", help="write a PNG bar chart of the ratios (needs matplotlib)"
+    )
+    parser.add_argument(
+        "--dataset",
+        metavar="MODULE:FACTORY",
+        help="bench your own dataset: FACTORY() returns a Dataset (MODULE is "
+        "imported with the current directory on sys.path)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help=f"batch size for --dataset (default {DEFAULT_USER_BATCH})",
+    )
+    parser.add_argument(
+        "--start-method",
+        choices=("fork", "spawn", "forkserver"),
+        help="multiprocessing start method for every loader (default: the platform's)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+
+
+def load_factory(spec: str) -> Any:
+    """Import ``"module:attribute"`` (current directory on ``sys.path``) and return it.
+
+    Raises:
+        ConfigError: if the spec is malformed, the module does not import or the attribute
+            is missing or not callable.
+    """
+    from stoker.errors import ConfigError
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"`--dataset` must look like `module:factory`. Found: {spec!r}.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"`--dataset`: cannot import {module_name!r}: {exc}.") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"`--dataset`: {module_name!r} has no attribute {attr!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"`--dataset`: {spec!r} is not callable (found {type(obj).__name__}).")
+    return obj
+
+
+class _BarProgress:
+    """A rich progress bar on a terminal; one plain line per step otherwise."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.live = console.is_terminal
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _BarProgress:
+        if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def start(self, total: int) -> None:
+        if self.bar is not None:
+            self.task = self.bar.add_task("stoker bench", total=total)
+
+    def advance(self, message: str, steps: int = 1) -> None:
+        if self.bar is not None:
+            kwargs = {"description": message} if message else {}
+            self.bar.update(self.task, advance=steps, **kwargs)
+        elif message:
+            self.console.print(message, markup=False, highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``stoker bench`` with parsed ``args``; returns the exit status."""
+    import warnings
+
+    from rich.console import Console
+
+    from stoker import bench
+    from stoker.bench._report import render, write_json
+    from stoker.bench._workloads import Workload
+    from stoker.errors import ConfigError
+
+    err = Console(stderr=True)
+    try:
+        if args.list:
+            for w in bench.builtin_workloads().values():
+                tag = " (quick)" if w.in_quick else ""
+                print(f"{w.name:<10} batch {w.batch_size:<4} {w.description}{tag}")
+            return 0
+        if args.batch_size is not None and not args.dataset:
+            raise ConfigError("`--batch-size` applies to `--dataset` only.")
+        chosen: list[str | Workload] | None = list(args.workloads) if args.workloads else None
+        if args.dataset:
+            factory = load_factory(args.dataset)
+            batch = args.batch_size if args.batch_size is not None else DEFAULT_USER_BATCH
+            user = Workload(
+                name=args.dataset,
+                description=f"your dataset ({args.dataset}())",
+                make_dataset=lambda quick: factory(),
+                batch_size=batch,
+            )
+            chosen = [*(chosen or []), user]
+        if chosen is not None:
+            known = bench.builtin_workloads()
+            for name in chosen:
+                if isinstance(name, str) and name not in known:
+                    raise ConfigError(f"unknown workload {name!r}: pick one of {', '.join(known)}.")
+        with warnings.catch_warnings(), _BarProgress(err) as progress:
+            # torch warns for every grid point above its suggested worker count: expected here.
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            result = bench.run(
+                chosen,
+                quick=args.quick,
+                repeats=args.repeats,
+                multiprocessing_context=args.start_method,
+                progress=progress,
+            )
+        render(result, Console())
+        if args.json:
+            write_json(result, args.json)
+            err.print(f"wrote {args.json}")
+        if args.plot:
+            from stoker.bench._plot import plot
+
+            plot(result, args.plot)
+            err.print(f"wrote {args.plot}")
+    except ConfigError as exc:
+        err.print(f"stoker bench: {exc}", markup=False, highlight=False)
+        return 2
+    return 0

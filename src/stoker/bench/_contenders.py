@@ -1,0 +1,269 @@
+"""The loaders the bench compares, and how to build each one.
+
+A :class:`ContenderSpec` names a loader configuration and the roles it plays in the
+comparison; :func:`build_loader` turns it into an iterable over batches. torch's DataLoader and
+stoker's are always available; optional libraries (torchdata nodes, SPDL) register a builder in
+``OPTIONAL`` and take part only when they import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+
+from stoker.bench._result import Role
+from stoker.errors import ConfigError
+
+__all__ = [
+    "OPTIONAL",
+    "ContenderSpec",
+    "build_loader",
+    "close_loader",
+    "merge",
+    "optional_contenders",
+    "recommended_workers",
+    "standard_contenders",
+]
+
+
+@dataclass(frozen=True)
+class ContenderSpec:
+    """A loader configuration to measure.
+
+    Attributes:
+        library: ``"torch"``, ``"stoker"`` or an optional library's name.
+        num_workers: worker processes (threads for thread-based libraries).
+        prefetch_factor: batches in flight per worker (``None`` with no workers or when the
+            library's default is used).
+        persistent_workers: keep workers between epochs (``None``: the library's default).
+        pin_memory: copy batches into page-locked memory.
+        roles: what the configuration stands for in the comparison.
+    """
+
+    library: str
+    num_workers: int
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    pin_memory: bool = False
+    roles: tuple[Role, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ConfigError(f"`num_workers` must be >= 0. Found: {self.num_workers!r}.")
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            raise ConfigError(
+                f"`prefetch_factor` must be >= 1 or None. Found: {self.prefetch_factor!r}."
+            )
+
+    @property
+    def name(self) -> str:
+        """Label for the table: library, then what differs from its defaults."""
+        if self.library not in ("torch", "stoker") or (
+            self.library == "stoker"
+            and self.prefetch_factor is None
+            and self.persistent_workers is None
+        ):
+            return f"{self.library} nw={self.num_workers}"
+        parts = [self.library, f"nw={self.num_workers}"]
+        if self.num_workers and self.prefetch_factor is not None:
+            parts.append(f"pf={self.prefetch_factor}")
+        if self.num_workers and self.persistent_workers is False:
+            parts.append("fresh")
+        if self.pin_memory:
+            parts.append("pin")
+        return " ".join(parts)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "prefetch_factor": self.prefetch_factor,
+            "persistent_workers": self.persistent_workers,
+            "pin_memory": self.pin_memory,
+        }
+
+
+def recommended_workers(cores: int) -> int:
+    """The seed articles' rule of thumb: 0.7 x cores workers, at least 1."""
+    return max(1, round(0.7 * cores))
+
+
+def standard_contenders(
+    cores: int, stoker_workers: int, best: ContenderSpec | None, same_prefetch: int
+) -> list[ContenderSpec]:
+    """torch's reference configurations and stoker with its defaults (before merging).
+
+    Args:
+        cores: usable cores.
+        stoker_workers: stoker's ``num_workers``.
+        best: torch's best grid configuration, if a grid ran.
+        same_prefetch: torch's better ``prefetch_factor`` at ``stoker_workers``.
+    """
+    cuda = torch.cuda.is_available()
+    specs = [
+        ContenderSpec("torch", 0, roles=("torch-nw0",)),
+        ContenderSpec(
+            "torch", recommended_workers(cores), 4, True, cuda, roles=("torch-recommended",)
+        ),
+        ContenderSpec("torch", stoker_workers, same_prefetch, True, roles=("torch-same",)),
+    ]
+    if best is not None:
+        specs.append(replace(best, roles=("torch-best",)))
+    specs.append(ContenderSpec("stoker", stoker_workers, roles=("stoker",)))
+    return specs
+
+
+def merge(specs: Sequence[ContenderSpec]) -> list[ContenderSpec]:
+    """Merge identical configurations (same library and arguments), joining their roles."""
+    out: list[ContenderSpec] = []
+    for spec in specs:
+        for i, seen in enumerate(out):
+            if seen == spec:
+                roles = seen.roles + tuple(r for r in spec.roles if r not in seen.roles)
+                out[i] = replace(seen, roles=roles)
+                break
+        else:
+            out.append(spec)
+    return out
+
+
+def build_loader(
+    spec: ContenderSpec,
+    dataset: Any,
+    batch_size: int,
+    sampler: Iterable[int] | None,
+    multiprocessing_context: str | None = None,
+) -> Iterable[Any]:
+    """Build the iterable over batches that ``spec`` describes.
+
+    Raises:
+        ConfigError: if ``spec.library`` has no builder.
+        ImportError: if an optional library is not installed.
+    """
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler}
+    if spec.num_workers:
+        kwargs["multiprocessing_context"] = multiprocessing_context
+    if spec.library == "torch":
+        return tud.DataLoader(
+            dataset,
+            num_workers=spec.num_workers,
+            pin_memory=spec.pin_memory,
+            prefetch_factor=spec.prefetch_factor if spec.num_workers else None,
+            persistent_workers=bool(spec.persistent_workers) and spec.num_workers > 0,
+            **kwargs,
+        )
+    if spec.library == "stoker":
+        from stoker.loader import DataLoader
+
+        if spec.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = spec.prefetch_factor
+        if spec.persistent_workers is not None:
+            kwargs["persistent_workers"] = spec.persistent_workers
+        return DataLoader(
+            dataset, num_workers=spec.num_workers, pin_memory=spec.pin_memory, **kwargs
+        )
+    if spec.library in OPTIONAL:
+        return OPTIONAL[spec.library][1](spec, dataset, batch_size, sampler)
+    raise ConfigError(f"no loader builder for library {spec.library!r}.")
+
+
+def close_loader(loader: Iterable[Any]) -> None:
+    """Stop a loader's workers now rather than at garbage collection."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        shutdown = getattr(iterator, "_shutdown_workers", None) or getattr(iterator, "close", None)
+        if callable(shutdown):
+            shutdown()
+        loader._iterator = None  # type: ignore[attr-defined]
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
+
+
+class _FetchBatch:
+    """Picklable ``indices -> collated batch`` for libraries that map over index batches."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, indices: list[int]) -> Any:
+        return tud.default_collate([self.dataset[i] for i in indices])
+
+
+def _index_batches(sampler: Iterable[int] | None, n: int, batch_size: int) -> Iterator[list[int]]:
+    return iter(tud.BatchSampler(sampler if sampler is not None else range(n), batch_size, False))
+
+
+class _TorchdataNodesLoader:
+    """torchdata.nodes: index batches -> ParallelMapper (processes) -> Prefetcher -> Loader."""
+
+    def __init__(
+        self, spec: ContenderSpec, dataset: Any, batch_size: int, sampler: Iterable[int] | None
+    ) -> None:
+        self.spec, self.dataset, self.batch_size, self.sampler = spec, dataset, batch_size, sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        from torchdata import nodes
+
+        batches = _index_batches(self.sampler, len(self.dataset), self.batch_size)
+        node = nodes.IterableWrapper(batches)
+        node = nodes.ParallelMapper(
+            node,
+            map_fn=_FetchBatch(self.dataset),
+            num_workers=max(1, self.spec.num_workers),
+            method="process",
+        )
+        node = nodes.Prefetcher(node, prefetch_factor=self.spec.prefetch_factor or 2)
+        yield from nodes.Loader(node)
+
+
+class _SpdlLoader:
+    """SPDL: index batches -> fetch + collate in a thread pool -> sink buffer."""
+
+    def __init__(
+        self, spec: ContenderSpec, dataset: Any, batch_size: int, sampler: Iterable[int] | None
+    ) -> None:
+        self.spec, self.dataset, self.batch_size, self.sampler = spec, dataset, batch_size, sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        from spdl.pipeline import PipelineBuilder
+
+        threads = max(1, self.spec.num_workers)
+        pipeline = (
+            PipelineBuilder()
+            .add_source(_index_batches(self.sampler, len(self.dataset), self.batch_size))
+            .pipe(_FetchBatch(self.dataset), concurrency=threads)
+            .add_sink(self.spec.prefetch_factor or 2 * threads)
+            .build(num_threads=threads)
+        )
+        with pipeline.auto_stop():
+            yield from pipeline
+
+
+Builder = Callable[[ContenderSpec, Any, int, "Iterable[int] | None"], Iterable[Any]]
+# library -> (module that must import, builder). Add a library here to put it in the table.
+OPTIONAL: dict[str, tuple[str, Builder]] = {
+    "torchdata": ("torchdata.nodes", _TorchdataNodesLoader),
+    "spdl": ("spdl.pipeline", _SpdlLoader),
+}
+
+
+def optional_contenders(stoker_workers: int) -> tuple[list[ContenderSpec], list[str]]:
+    """Optional contenders that are installed, and a note for each that is not."""
+    specs: list[ContenderSpec] = []
+    notes: list[str] = []
+    for library, (module, _) in OPTIONAL.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            specs.append(ContenderSpec(library, stoker_workers, roles=("optional",)))
+        else:
+            notes.append(f"{library} not installed: not compared")
+    return specs, notes

@@ -1,0 +1,416 @@
+"""The bench harness: measure the ideal, search torch's grid, then time contenders alternately.
+
+For each workload, in one process tree:
+
+1. build the dataset (generating data on first use) and measure the single-process per-sample
+   cost, which gives this machine's ideal (:class:`~stoker.bench._stats.Ideal`);
+2. ``steady`` workloads: run torch's grid (``num_workers`` x ``prefetch_factor``, short runs)
+   to find its best configuration and its better ``prefetch_factor`` at stoker's worker count;
+3. for each repeat, for each contender (the order rotates every repeat so no contender always
+   runs first or last): build the loader, warm it up (workers started, a few batches through),
+   time one run, and shut it down before the next contender starts.
+
+A timed run iterates ``iter(loader)`` and passes every batch to
+:func:`~stoker.bench._workloads.consume` (one read per 4 KiB page of every tensor).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.utils.data as tud
+
+from stoker.bench._contenders import (
+    ContenderSpec,
+    build_loader,
+    close_loader,
+    merge,
+    optional_contenders,
+    standard_contenders,
+)
+from stoker.bench._measure import Meter, TreeMeter
+from stoker.bench._result import ContenderResult, GridPoint, RunSample, WorkloadResult
+from stoker.bench._stats import Ideal
+from stoker.bench._workloads import Workload, consume
+from stoker.errors import ConfigError
+
+__all__ = [
+    "Plan",
+    "Progress",
+    "Report",
+    "SeededSampler",
+    "bench_workload",
+    "measure_ideal",
+]
+
+# Seconds a child process may take to exit after its loader is closed.
+CHILD_EXIT_S = 5.0
+CHILD_POLL_S = 0.02
+# Samples a time-bounded run's sampler can draw (it stops at the time limit long before).
+ENDLESS_SAMPLES = 10**8
+# Batches the ideal's single-process measurement times at least.
+IDEAL_MIN_BATCHES = 3
+
+Report = Callable[[str, int], None]
+"""``report(message, steps)``: the harness finished ``steps`` more steps."""
+
+
+class Progress(Protocol):
+    """Receives the bench's progress (the CLI draws a progress bar with it)."""
+
+    def start(self, total: int) -> None:
+        """The run has ``total`` steps (timed runs, grid points, ideal measurements)."""
+
+    def advance(self, message: str, steps: int = 1) -> None:
+        """``steps`` more steps are done; ``message`` says what just happened (may be "")."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how often to measure.
+
+    Attributes:
+        repeats: timed runs per contender (>= 1).
+        run_s: target seconds of a time-bounded run.
+        warmup_s: seconds of warm-up before each timed run (after at least 2 batches).
+        grid_run_s: target seconds of a grid-search run.
+        ideal_s: seconds of single-process measurement for the ideal.
+        grid_workers: torch ``num_workers`` values the grid tries.
+        grid_prefetch: torch ``prefetch_factor`` values the grid tries.
+        grid_note: how the grid was reduced, if it was.
+        stoker_workers: stoker's ``num_workers``.
+        cores: usable cores.
+        multiprocessing_context: start method for every loader with workers (``None``: default).
+    """
+
+    repeats: int
+    run_s: float
+    warmup_s: float
+    grid_run_s: float
+    ideal_s: float
+    grid_workers: tuple[int, ...]
+    grid_prefetch: tuple[int, ...]
+    grid_note: str
+    stoker_workers: int
+    cores: int
+    multiprocessing_context: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"`repeats` must be >= 1. Found: {self.repeats!r}.")
+        for name in ("run_s", "warmup_s", "grid_run_s", "ideal_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"`{name}` must be >= 0. Found: {getattr(self, name)!r}.")
+
+    def grid(self) -> list[ContenderSpec]:
+        specs = [ContenderSpec("torch", 0, roles=("torch-other",))]
+        for nw in self.grid_workers:
+            if nw > 0:
+                specs += [
+                    ContenderSpec("torch", nw, pf, True, roles=("torch-other",))
+                    for pf in self.grid_prefetch
+                ]
+        return specs
+
+
+class SeededSampler(tud.Sampler[int]):
+    """Random indices (without replacement within each pass over the dataset).
+
+    The n-th ``iter()`` draws from a generator seeded with ``(seed, n)``, so every contender
+    sees the same sequence for its warm-up and for its timed run.
+
+    Args:
+        n: dataset length (>= 1).
+        num_samples: indices one ``iter()`` yields.
+        seed: base seed.
+    """
+
+    def __init__(self, n: int, num_samples: int, seed: int) -> None:
+        if n < 1:
+            raise ConfigError(f"the dataset must hold at least one sample. Found: {n!r}.")
+        self.n, self.num_samples, self.seed = n, num_samples, seed
+        self._iters = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self._iters)
+        self._iters += 1
+        left = self.num_samples
+        while left > 0:
+            perm = torch.randperm(self.n, generator=gen)[:left].tolist()
+            left -= len(perm)
+            yield from perm
+
+
+def _sampler(dataset: Any, workload: Workload, seed: int) -> SeededSampler | None:
+    if isinstance(dataset, tud.IterableDataset):
+        return None
+    return SeededSampler(len(dataset), workload.samples_per_run or ENDLESS_SAMPLES, seed)
+
+
+def measure_ideal(dataset: Any, workload: Workload, cores: int, seconds: float) -> Ideal:
+    """Single-process cost of fetching and collating samples -> this machine's ideal.
+
+    After one warm-up batch, fetches whole batches (``dataset[i]`` then ``default_collate``)
+    until ``seconds`` have passed and at least :data:`IDEAL_MIN_BATCHES` batches are done,
+    timing CPU (all threads of the process) and wall time.
+    """
+    if isinstance(dataset, tud.IterableDataset):
+        source: Iterator[Any] = iter(dataset)
+
+        def fetch(n: int) -> list[Any]:
+            return list(itertools.islice(source, n))
+    else:
+        order = iter(SeededSampler(len(dataset), ENDLESS_SAMPLES, seed=-1))
+
+        def fetch(n: int) -> list[Any]:
+            return [dataset[next(order)] for _ in range(n)]
+
+    tud.default_collate(fetch(workload.batch_size))  # warm-up: first-touch costs
+    samples = batches = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    while True:
+        items = fetch(workload.batch_size)
+        if not items:
+            break
+        tud.default_collate(items)
+        samples, batches = samples + len(items), batches + 1
+        if time.perf_counter() - wall0 >= seconds and batches >= IDEAL_MIN_BATCHES:
+            break
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    if samples == 0:
+        raise ConfigError(f"workload {workload.name!r}: the dataset yielded no samples.")
+    return Ideal.from_measurement(
+        cores=cores, cpu_s=cpu, wall_s=wall, samples=samples, note=workload.ideal_note
+    )
+
+
+def _wait_children_exit(baseline: set[int]) -> None:
+    deadline = time.monotonic() + CHILD_EXIT_S
+    while TreeMeter.children_now() - baseline and time.monotonic() < deadline:
+        time.sleep(CHILD_POLL_S)
+
+
+def _iterate(
+    loader: Iterable[Any], *, min_batches: int, seconds: float | None, t0: float
+) -> tuple[int, int, float, float]:
+    """Consume batches; return (samples, batches, first_batch_s, seconds to the last one)."""
+    samples = batches = 0
+    first = last = 0.0
+    it = iter(loader)
+    try:
+        for batch in it:
+            samples += consume(batch)
+            del batch
+            batches += 1
+            last = time.perf_counter() - t0
+            if batches == 1:
+                first = last
+            if seconds is not None and last >= seconds and batches >= min_batches:
+                break
+    finally:
+        del it
+    return samples, batches, first, last
+
+
+def _timed_run(
+    spec: ContenderSpec,
+    dataset: Any,
+    workload: Workload,
+    plan: Plan,
+    *,
+    seed: int,
+    run_s: float,
+    warmup: bool,
+) -> RunSample:
+    """Build, warm up, time one run (or ``workload.epochs`` epochs), shut down."""
+    baseline = TreeMeter.children_now()
+    loader = build_loader(
+        spec,
+        dataset,
+        workload.batch_size,
+        _sampler(dataset, workload, seed),
+        plan.multiprocessing_context,
+    )
+    min_batches = max(1, spec.num_workers) + 2
+    time_bound = run_s if workload.samples_per_run is None else None
+    try:
+        if warmup and workload.mode == "steady":
+            _iterate(
+                loader,
+                min_batches=max(2, spec.num_workers + 1),
+                seconds=plan.warmup_s,
+                t0=time.perf_counter(),
+            )
+        epochs = workload.epochs if workload.mode == "epochs" else 1
+        firsts: list[float] = []
+        samples = batches = 0
+        with Meter(baseline) as meter:
+            t0 = time.perf_counter()
+            for _ in range(epochs):
+                start = time.perf_counter()
+                s, b, first, _ = _iterate(
+                    loader,
+                    min_batches=min_batches,
+                    seconds=None if workload.mode == "epochs" else time_bound,
+                    t0=start,
+                )
+                samples, batches = samples + s, batches + b
+                firsts.append(first)
+            seconds = time.perf_counter() - t0
+    finally:
+        close_loader(loader)
+        del loader
+        gc.collect()
+        _wait_children_exit(baseline)
+    usage = meter.usage
+    assert usage is not None  # set by Meter.__exit__
+    return RunSample(
+        seconds=seconds,
+        samples=samples,
+        batches=batches,
+        first_batch_s=firsts[0],
+        main_cpu_s=usage.main_cpu_s,
+        tree_cpu_s=usage.tree_cpu_s,
+        peak_pss_bytes=usage.peak_pss_bytes,
+        epoch_first_batch_s=tuple(firsts) if workload.mode == "epochs" else (),
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first_line = text.splitlines()[0] if text else type(exc).__name__
+    return first_line[:200]
+
+
+def _search_grid(dataset: Any, workload: Workload, plan: Plan, progress: Report) -> list[GridPoint]:
+    points = []
+    for spec in plan.grid():
+        try:
+            run = _timed_run(
+                spec, dataset, workload, plan, seed=0, run_s=plan.grid_run_s, warmup=True
+            )
+            point = GridPoint(spec.num_workers, spec.prefetch_factor, run.samples_per_s)
+        except Exception as exc:  # a configuration that fails is reported, not fatal
+            point = GridPoint(spec.num_workers, spec.prefetch_factor, None, _describe(exc))
+        points.append(point)
+        rate = f"{point.samples_per_s:,.0f} samples/s" if point.samples_per_s else point.error
+        progress(f"{workload.name}: grid {spec.name}: {rate}", 1)
+    return points
+
+
+def _contenders(
+    workload: Workload, plan: Plan, grid: list[GridPoint]
+) -> tuple[list[ContenderSpec], list[str]]:
+    notes: list[str] = []
+    if workload.mode == "epochs":
+        nw = plan.stoker_workers
+        specs = [
+            ContenderSpec("torch", 0, roles=("torch-nw0",)),
+            ContenderSpec("torch", nw, 2, False, roles=("torch-same",)),
+            ContenderSpec("torch", nw, 2, True, roles=("torch-other",)),
+            ContenderSpec("stoker", nw, roles=("stoker",)),
+        ]
+        notes.append(
+            "fresh = persistent_workers=False (torch's default): workers start again every epoch"
+        )
+        return specs, notes
+    ok = [p for p in grid if p.samples_per_s is not None]
+    best_point = max(ok, key=lambda p: p.samples_per_s or 0.0, default=None)
+    best = None
+    if best_point is not None:
+        best = ContenderSpec(
+            "torch",
+            best_point.num_workers,
+            best_point.prefetch_factor if best_point.num_workers else None,
+            True if best_point.num_workers else None,
+        )
+    at_same = [p for p in ok if p.num_workers == plan.stoker_workers]
+    same_pf = max(at_same, key=lambda p: p.samples_per_s or 0.0).prefetch_factor if at_same else 2
+    specs = standard_contenders(plan.cores, plan.stoker_workers, best, same_pf or 2)
+    extra, missing = optional_contenders(plan.stoker_workers)
+    notes.append(plan.grid_note)
+    notes.extend(missing)
+    return merge(specs + extra), notes
+
+
+def bench_workload(
+    workload: Workload, plan: Plan, *, quick: bool, progress: Report | None = None
+) -> WorkloadResult:
+    """Measure one workload (see the module docstring for the procedure).
+
+    Args:
+        workload: what to measure.
+        plan: how long and how often.
+        quick: passed to ``workload.make_dataset``.
+        progress: called with a message and a step count as the work advances.
+
+    Returns:
+        The workload's result; a workload whose dataset cannot be built comes back with
+        ``error`` set, and a contender that fails comes back with its ``error`` set.
+    """
+    report = progress or (lambda message, steps: None)
+    base: dict[str, Any] = {
+        "name": workload.name,
+        "description": workload.description,
+        "batch_size": workload.batch_size,
+        "mode": workload.mode,
+    }
+    try:
+        dataset = workload.make_dataset(quick)
+        ideal = measure_ideal(dataset, workload, plan.cores, plan.ideal_s)
+    except (ConfigError, ImportError, OSError) as exc:
+        report(f"{workload.name}: skipped ({_describe(exc)})", 1)
+        return WorkloadResult(**base, ideal=None, contenders=(), error=_describe(exc))
+    report(f"{workload.name}: ideal {ideal.samples_per_s:,.0f} samples/s", 1)
+    grid = _search_grid(dataset, workload, plan, report) if workload.mode == "steady" else []
+    specs, notes = _contenders(workload, plan, grid)
+    runs: dict[int, list[RunSample]] = {i: [] for i in range(len(specs))}
+    errors: dict[int, str] = {}
+    for r in range(plan.repeats):
+        order = [(r + k) % len(specs) for k in range(len(specs))]
+        for i in order:
+            spec = specs[i]
+            if i in errors:
+                report(f"{workload.name}: {spec.name}: failed earlier", 1)
+                continue
+            try:
+                sample = _timed_run(
+                    spec, dataset, workload, plan, seed=r + 1, run_s=plan.run_s, warmup=True
+                )
+            except Exception as exc:  # reported in the table; the others still run
+                errors[i] = _describe(exc)
+                report(f"{workload.name}: {spec.name}: failed ({errors[i]})", 1)
+                continue
+            runs[i].append(sample)
+            report(
+                f"{workload.name}: {spec.name} run {r + 1}/{plan.repeats}: "
+                f"{sample.samples_per_s:,.0f} samples/s",
+                1,
+            )
+    contenders = tuple(
+        ContenderResult(
+            name=s.name,
+            library=s.library,
+            roles=s.roles,
+            config=s.config,
+            runs=tuple(runs[i]),
+            error=errors.get(i),
+        )
+        for i, s in enumerate(specs)
+    )
+    return WorkloadResult(
+        **base,
+        ideal=ideal,
+        contenders=contenders,
+        grid=tuple(grid),
+        notes=tuple(n for n in notes if n),
+    )

@@ -1,0 +1,149 @@
+"""Resource meters for one timed run: CPU of the main process and of the process tree, PSS.
+
+``TreeMeter`` is started just before a timed run and stopped just after it. A background
+thread samples the proportional set size (PSS) of the main process and of its children that
+were born since the meter's baseline (the contender's workers), keeping the peak; the CPU the
+sampler thread itself burns is subtracted from the main process's CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["Meter", "TreeMeter", "TreeUsage"]
+
+# Seconds between two PSS samples (tests shrink it).
+PSS_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    """What one timed run cost.
+
+    Attributes:
+        main_cpu_s: CPU seconds (user + system) of the main process, meter thread excluded.
+        tree_cpu_s: CPU seconds of the main process plus its workers.
+        peak_pss_bytes: highest total PSS of main + workers seen during the run.
+    """
+
+    main_cpu_s: float
+    tree_cpu_s: float
+    peak_pss_bytes: int
+
+
+def _cpu(proc: psutil.Process) -> float | None:
+    try:
+        t = proc.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    return float(t.user + t.system)
+
+
+def _pss(proc: psutil.Process) -> int:
+    try:
+        info = proc.memory_full_info()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return 0
+    value = getattr(info, "pss", None)
+    return int(value if value is not None else info.rss)
+
+
+class TreeMeter:
+    """Measures the CPU and memory of this process and of children born after ``baseline``.
+
+    Args:
+        baseline: pids of children that existed before the contender's loader was built
+            (they belong to someone else and are ignored). Default: none.
+        interval_s: seconds between PSS samples. Default :data:`PSS_INTERVAL_S`.
+    """
+
+    def __init__(self, baseline: set[int] | None = None, interval_s: float | None = None) -> None:
+        self._me = psutil.Process()
+        self._baseline = set(baseline or ())
+        self._interval = PSS_INTERVAL_S if interval_s is None else interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._peak = 0
+        self._sampler_cpu = 0.0
+        self._start_main = 0.0
+        self._start_children: dict[int, float] = {}
+        self._procs: dict[int, psutil.Process] = {}
+        self._start_reaped = 0.0
+
+    @staticmethod
+    def children_now() -> set[int]:
+        """Pids of this process's children, recursively."""
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def _children(self) -> list[psutil.Process]:
+        try:
+            found = self._me.children(recursive=True)
+        except psutil.Error:
+            return list(self._procs.values())
+        for proc in found:
+            if proc.pid not in self._baseline and proc.pid not in self._procs:
+                self._procs[proc.pid] = proc
+        return [p for p in found if p.pid not in self._baseline]
+
+    def _sample_pss(self) -> None:
+        total = _pss(self._me) + sum(_pss(p) for p in self._children())
+        self._peak = max(self._peak, total)
+
+    def _sampler(self) -> None:
+        start = time.thread_time()
+        while not self._stop.wait(self._interval):
+            self._sample_pss()
+        self._sampler_cpu = time.thread_time() - start
+
+    def start(self) -> None:
+        """Take the starting readings and start sampling."""
+        for proc in self._children():
+            cpu = _cpu(proc)
+            if cpu is not None:
+                self._start_children[proc.pid] = cpu
+        times = os.times()
+        self._start_reaped = times.children_user + times.children_system
+        self._start_main = _cpu(self._me) or 0.0
+        self._thread = threading.Thread(target=self._sampler, name="stoker-bench-meter")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def stop(self) -> TreeUsage:
+        """Stop sampling and return the run's usage (call once, after :meth:`start`)."""
+        end_main = _cpu(self._me) or 0.0
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample_pss()
+        main = max(0.0, end_main - self._start_main - self._sampler_cpu)
+        children = 0.0
+        for pid, proc in self._procs.items():
+            cpu = _cpu(proc)
+            if cpu is None:
+                continue  # exited: counted below through os.times() once reaped
+            children += cpu - self._start_children.get(pid, 0.0)
+        times = os.times()
+        reaped = times.children_user + times.children_system - self._start_reaped
+        return TreeUsage(
+            main_cpu_s=main, tree_cpu_s=main + children + reaped, peak_pss_bytes=self._peak
+        )
+
+
+class Meter:
+    """Context manager around :class:`TreeMeter`; ``usage`` is set on exit."""
+
+    def __init__(self, baseline: set[int] | None = None) -> None:
+        self._meter = TreeMeter(baseline)
+        self.usage: TreeUsage | None = None
+
+    def __enter__(self) -> Meter:
+        self._meter.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.usage = self._meter.stop()

@@ -1,0 +1,130 @@
+"""``--plot out.png``: a bar chart of each contender's throughput relative to torch's best.
+
+Needs matplotlib (the ``bench`` extra: ``pip install 'stoker[bench]'``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stoker.bench._result import BenchResult, ContenderResult, WorkloadResult
+from stoker.errors import ConfigError
+
+__all__ = ["plot"]
+
+# (role, legend label, colour); one bar per role per workload.
+_SERIES = (
+    ("torch-nw0", "torch, no workers", "#c7c7c7"),
+    ("torch-recommended", "torch, seed-recommended config", "#9ecae1"),
+    ("torch-same", "torch, same workers as stoker", "#4292c6"),
+    ("optional", "other libraries", "#fdae6b"),
+    ("stoker", "stoker, defaults", "#d94801"),
+)
+
+
+def _pick(w: WorkloadResult, role: str) -> ContenderResult | None:
+    return next((c for c in w.contenders if role in c.roles and c.ok), None)
+
+
+def plot(result: BenchResult, path: str | Path) -> Path:
+    """Draw the chart and save it as a PNG.
+
+    Args:
+        result: a bench result.
+        path: where to write the PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: if matplotlib is not installed or no workload has results.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("`--plot` needs matplotlib: `pip install 'stoker[bench]'`.") from exc
+    workloads = [w for w in result.workloads if w.torch_best is not None]
+    if not workloads:
+        raise ConfigError("nothing to plot: no workload has a torch result.")
+    series = [s for s in _SERIES if any(_pick(w, s[0]) for w in workloads)]
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(workloads) + 3), 5.2), dpi=120)
+    top = 1.0
+    for k, (role, label, colour) in enumerate(series):
+        xs, ys = [], []
+        for i, w in enumerate(workloads):
+            c = _pick(w, role)
+            r = w.ratio_to_best(c) if c is not None else None
+            if r is not None:
+                xs.append(i - 0.4 + width * (k + 0.5))
+                ys.append(r)
+        bars = ax.bar(
+            xs,
+            ys,
+            width * 0.92,
+            label=label,
+            color=colour,
+            edgecolor="#444444" if role == "stoker" else "none",
+            linewidth=0.6,
+        )
+        top = max([top, *ys])
+        if role == "stoker":
+            ax.bar_label(
+                bars, labels=[f"{y:.2f}x" for y in ys], padding=2, fontsize=9, fontweight="bold"
+            )
+    for i, w in enumerate(workloads):
+        st = next((c for c in w.contenders if "stoker" in c.roles), None)
+        if st is not None and not st.ok:
+            ax.text(
+                i + 0.4 - width / 2,
+                0.05,
+                "stoker\nfailed",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="#d94801",
+                rotation=90,
+            )
+    ax.axhline(1.0, color="#222222", linestyle="--", linewidth=1.2)
+    ax.text(
+        len(workloads) - 0.5,
+        1.0,
+        " torch's best = 1.0",
+        va="bottom",
+        ha="right",
+        fontsize=9,
+        color="#222222",
+    )
+    ax.set_xticks(range(len(workloads)))
+    best_names = [w.torch_best.name if w.torch_best else "" for w in workloads]
+    ax.set_xticklabels(
+        [
+            f"{w.name}\n(best: {b.removeprefix('torch ')})"
+            for w, b in zip(workloads, best_names, strict=True)
+        ],
+        fontsize=9,
+    )
+    ax.set_xlim(-0.6, len(workloads) - 0.4)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_ylabel("samples/s relative to torch's best config\n(higher is better)")
+    m = result.machine
+    mode = "quick" if result.quick else "full"
+    ax.set_title(
+        "stoker bench: data-loading throughput vs torch's best DataLoader configuration\n"
+        f"{m.get('usable_cores', '?')} cores, torch {m.get('torch', '?')}, {mode} mode, "
+        f"medians of {result.repeats} runs",
+        fontsize=11,
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(loc="upper left", fontsize=8, frameon=False, ncol=2)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

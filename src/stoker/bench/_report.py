@@ -1,0 +1,353 @@
+"""Reporting a bench result: the terminal table, one verdict per workload, and JSON.
+
+JSON schema ``stoker.bench/1`` (``stoker bench --json out.json``)::
+
+    {
+      "schema": "stoker.bench/1",
+      "started_at": "2026-11-22T12:00:00+00:00",  "duration_s": 97.1,
+      "quick": true,  "repeats": 3,
+      "machine": {"usable_cores": 2, "cpu_count": 2, "cpu": "...", "platform": "...",
+                  "python": "3.11.2", "torch": "2.13.0", "stoker": "0.1.0", "cuda": false,
+                  "start_method": "fork"},
+      "workloads": [{
+        "name": "tiny", "description": "...", "batch_size": 256, "mode": "steady",
+        "error": null,                       # why the workload could not run, if it could not
+        "ideal": {"cores": 2, "cpu_s_per_sample": 2.6e-06, "wall_s_per_sample": 2.7e-06,
+                  "samples": 113408, "note": "...", "samples_per_s": 763947.0},
+        "grid": [{"num_workers": 0, "prefetch_factor": null, "samples_per_s": 345015.2,
+                  "error": null}, ...],      # torch's grid search (short runs)
+        "notes": ["..."],
+        "verdict": "stoker 2.30x faster than torch's best here; ...",
+        "torch_best": "torch nw=0",
+        "contenders": [{
+          "name": "torch nw=0", "library": "torch", "roles": ["torch-nw0", "torch-best"],
+          "config": {"num_workers": 0, "prefetch_factor": null,
+                     "persistent_workers": null, "pin_memory": false},
+          "error": null,
+          "summary": {"samples_per_s": ..., "spread": ..., "ratio_to_torch_best": ...,
+                      "ratio_to_torch_same": ..., "fraction_of_ideal": ...,
+                      "main_cpu_ms_per_batch": ..., "cpu_s_per_1k_samples": ...,
+                      "peak_pss_bytes": ..., "first_batch_s": ...,
+                      "epoch_first_batch_s": [...]},
+          "runs": [{"seconds": ..., "samples": ..., "batches": ..., "first_batch_s": ...,
+                    "main_cpu_s": ..., "tree_cpu_s": ..., "peak_pss_bytes": ...,
+                    "epoch_first_batch_s": [...]}, ...]
+        }, ...]
+      }, ...]
+    }
+
+``summary``, ``verdict``, ``torch_best`` and ``ideal.samples_per_s`` are derived (medians over
+``runs``); they are written for convenience and recomputed, not read, by :func:`from_json`.
+A reader must reject a ``schema`` it does not know; fields may be added within version 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stoker.bench._result import BenchResult, ContenderResult, GridPoint, RunSample, WorkloadResult
+from stoker.bench._stats import Ideal
+from stoker.errors import ConfigError
+
+__all__ = ["SCHEMA", "from_json", "read_json", "render", "to_json", "verdict", "write_json"]
+
+SCHEMA = "stoker.bench/1"
+# Ratios closer than this to 1.0 read "on par".
+PAR_BAND = 0.03
+BEST_TEXT = "torch's best here"
+_ROLE_TEXT = {
+    "torch-nw0": "no workers",
+    "torch-recommended": "seed-recommended",
+    "torch-same": "same workers as stoker",
+    "torch-best": "torch's best (grid)",
+    "stoker": "defaults",
+    "optional": "optional",
+    "torch-other": "",
+}
+
+
+def _speed(r: float, what: str) -> str:
+    if abs(r - 1) < PAR_BAND:
+        return f"on par with {what} ({r:.2f}x)"
+    if r >= 1:
+        return f"{r:.2f}x faster than {what}"
+    return f"{1 / r:.2f}x slower than {what}"
+
+
+def verdict(w: WorkloadResult) -> str:
+    """One line saying how stoker did on workload ``w``."""
+    if w.error:
+        return f"not run: {w.error}"
+    st = next((c for c in w.contenders if "stoker" in c.roles), None)
+    if st is None:
+        return "no stoker contender"
+    if not st.ok:
+        return f"stoker failed: {st.error}"
+    parts = []
+    best, same = w.torch_best, w.torch_same
+    r = w.ratio_to_best(st)
+    if r is not None and best is not None:
+        parts.append(f"stoker {_speed(r, BEST_TEXT)} ({best.name})")
+    r_same = w.ratio_to_same(st)
+    if r_same is not None and same is not None and same is not best:
+        nw = same.config.get("num_workers")
+        parts.append(f"{r_same:.2f}x torch at the same {nw} workers")
+    frac = w.fraction_of_ideal(st)
+    if frac is not None:
+        parts.append(f"{frac:.0%} of this machine's limit")
+    if w.mode == "epochs" and st.epoch_first_batch_s:
+        fresh = next(
+            (
+                c
+                for c in w.contenders
+                if c.ok and c.library == "torch" and c.config.get("persistent_workers") is False
+            ),
+            None,
+        )
+        last = len(st.epoch_first_batch_s) - 1
+        text = f"epoch {last + 1} first batch {1000 * st.epoch_first_batch_s[last]:.0f} ms"
+        if fresh is not None and len(fresh.epoch_first_batch_s) > last:
+            text += f" vs {1000 * fresh.epoch_first_batch_s[last]:.0f} ms ({fresh.name})"
+        parts.append(text)
+    return "; ".join(parts) if parts else "no comparison possible (torch did not run)"
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _table(w: WorkloadResult) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"[bold]{w.name}[/]: {w.description}",
+        title_justify="left",
+        show_lines=False,
+        header_style="bold",
+    )
+    table.add_column("contender")
+    table.add_column("role")
+    table.add_column("samples/s", justify="right")
+    table.add_column("±", justify="right")
+    table.add_column("vs torch best", justify="right")
+    table.add_column("vs same nw", justify="right")
+    table.add_column("% ideal", justify="right")
+    table.add_column("main CPU ms/batch", justify="right")
+    table.add_column("CPU s/1k samples", justify="right")
+    table.add_column("PSS MiB", justify="right")
+    table.add_column(
+        "1st batch ms" if w.mode == "steady" else "1st batch ms per epoch", justify="right"
+    )
+    for c in w.contenders:
+        role = ", ".join(t for t in (_ROLE_TEXT.get(r, r) for r in c.roles) if t)
+        name = f"[bold]{c.name}[/]" if c.library == "stoker" else c.name
+        if not c.ok:
+            table.add_row(name, role, f"[red]failed: {c.error}[/]")
+            continue
+        if c.epoch_first_batch_s:
+            first = " / ".join(f"{1000 * x:.0f}" for x in c.epoch_first_batch_s)
+        else:
+            first = _fmt(c.first_batch_s, ".1f", 1000)
+        table.add_row(
+            name,
+            role,
+            _fmt(c.samples_per_s, ",.0f"),
+            _fmt(c.spread, ".0%"),
+            _times(w.ratio_to_best(c)),
+            _times(w.ratio_to_same(c)),
+            _fmt(w.fraction_of_ideal(c), ".0%"),
+            _fmt(c.main_cpu_ms_per_batch, ".2f"),
+            _fmt(c.cpu_s_per_1k_samples, ".3f"),
+            _fmt(c.peak_pss_bytes, ",.0f", 1 / 2**20),
+            first,
+        )
+    return table
+
+
+def render(result: BenchResult, console: Any = None) -> None:
+    """Print one table per workload, its verdict and notes, then a summary.
+
+    Args:
+        result: what to print.
+        console: a ``rich.console.Console``. Default: a new one on stdout.
+    """
+    from rich.console import Console
+
+    out = console or Console()
+    m = result.machine
+    out.print(
+        f"[bold]stoker bench[/] ({'quick' if result.quick else 'full'}, "
+        f"{result.repeats} repeats, medians): {m.get('usable_cores')} usable cores, "
+        f"{m.get('cpu') or 'unknown CPU'}, torch {m.get('torch')}, "
+        f"start method {m.get('start_method')}"
+    )
+    for w in result.workloads:
+        out.print()
+        if w.error:
+            out.print(f"[bold]{w.name}[/]: [yellow]not run: {w.error}[/]")
+            continue
+        out.print(_table(w))
+        out.print(f"  [bold]verdict:[/] {verdict(w)}")
+        if w.ideal is not None:
+            out.print(
+                f"  ideal {w.ideal.samples_per_s:,.0f} samples/s = {w.ideal.note}", style="dim"
+            )
+        for note in w.notes:
+            out.print(f"  {note}", style="dim")
+    out.print()
+    out.print(
+        "± is half the range of the repeats; torch configurations with workers use "
+        "persistent_workers=True unless marked fresh; PSS is main process + workers "
+        "(peak).",
+        style="dim",
+    )
+    out.print(f"[bold]total time[/]: {result.duration_s:.0f} s")
+    for w in result.workloads:
+        out.print(f"  [bold]{w.name}[/]: {verdict(w)}")
+
+
+def _summary(w: WorkloadResult, c: ContenderResult) -> dict[str, Any]:
+    return {
+        "samples_per_s": c.samples_per_s,
+        "spread": c.spread,
+        "ratio_to_torch_best": w.ratio_to_best(c),
+        "ratio_to_torch_same": w.ratio_to_same(c),
+        "fraction_of_ideal": w.fraction_of_ideal(c),
+        "main_cpu_ms_per_batch": c.main_cpu_ms_per_batch,
+        "cpu_s_per_1k_samples": c.cpu_s_per_1k_samples,
+        "peak_pss_bytes": c.peak_pss_bytes,
+        "first_batch_s": c.first_batch_s,
+        "epoch_first_batch_s": list(c.epoch_first_batch_s),
+    }
+
+
+def to_json(result: BenchResult) -> dict[str, Any]:
+    """The result as a JSON-ready dict (schema ``stoker.bench/1``, see the module docstring)."""
+    workloads = []
+    for w in result.workloads:
+        ideal = None
+        if w.ideal is not None:
+            ideal = {
+                "cores": w.ideal.cores,
+                "cpu_s_per_sample": w.ideal.cpu_s_per_sample,
+                "wall_s_per_sample": w.ideal.wall_s_per_sample,
+                "samples": w.ideal.samples,
+                "note": w.ideal.note,
+                "samples_per_s": w.ideal.samples_per_s,
+            }
+        best = w.torch_best
+        workloads.append(
+            {
+                "name": w.name,
+                "description": w.description,
+                "batch_size": w.batch_size,
+                "mode": w.mode,
+                "error": w.error,
+                "ideal": ideal,
+                "grid": [vars(p).copy() for p in w.grid],
+                "notes": list(w.notes),
+                "verdict": verdict(w),
+                "torch_best": best.name if best else None,
+                "contenders": [
+                    {
+                        "name": c.name,
+                        "library": c.library,
+                        "roles": list(c.roles),
+                        "config": dict(c.config),
+                        "error": c.error,
+                        "summary": _summary(w, c),
+                        "runs": [
+                            {**vars(r), "epoch_first_batch_s": list(r.epoch_first_batch_s)}
+                            for r in c.runs
+                        ],
+                    }
+                    for c in w.contenders
+                ],
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "started_at": result.started_at,
+        "duration_s": result.duration_s,
+        "quick": result.quick,
+        "repeats": result.repeats,
+        "machine": dict(result.machine),
+        "workloads": workloads,
+    }
+
+
+def from_json(data: dict[str, Any]) -> BenchResult:
+    """Rebuild a :class:`BenchResult` from :func:`to_json`'s output.
+
+    Raises:
+        ConfigError: if ``data`` is not a ``stoker.bench/1`` document.
+    """
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"not a {SCHEMA} document: `schema` is {found!r}.")
+    try:
+        workloads = []
+        for w in data["workloads"]:
+            ideal = None
+            if w["ideal"] is not None:
+                fields = ("cores", "cpu_s_per_sample", "wall_s_per_sample", "samples", "note")
+                ideal = Ideal(**{k: w["ideal"][k] for k in fields})
+            contenders = tuple(
+                ContenderResult(
+                    name=c["name"],
+                    library=c["library"],
+                    roles=tuple(c["roles"]),
+                    config=dict(c["config"]),
+                    error=c["error"],
+                    runs=tuple(
+                        RunSample(
+                            **{**r, "epoch_first_batch_s": tuple(r.get("epoch_first_batch_s", ()))}
+                        )
+                        for r in c["runs"]
+                    ),
+                )
+                for c in w["contenders"]
+            )
+            workloads.append(
+                WorkloadResult(
+                    name=w["name"],
+                    description=w["description"],
+                    batch_size=w["batch_size"],
+                    mode=w["mode"],
+                    ideal=ideal,
+                    contenders=contenders,
+                    grid=tuple(GridPoint(**p) for p in w["grid"]),
+                    notes=tuple(w["notes"]),
+                    error=w["error"],
+                )
+            )
+        return BenchResult(
+            workloads=tuple(workloads),
+            quick=data["quick"],
+            repeats=data["repeats"],
+            machine=dict(data["machine"]),
+            started_at=data["started_at"],
+            duration_s=data["duration_s"],
+        )
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"malformed {SCHEMA} document: {type(exc).__name__}: {exc}.") from exc
+
+
+def write_json(result: BenchResult, path: str | Path) -> None:
+    """Write ``result`` to ``path`` as indented JSON."""
+    Path(path).write_text(json.dumps(to_json(result), indent=2) + "\n")
+
+
+def read_json(path: str | Path) -> BenchResult:
+    """Read a result written by :func:`write_json`.
+
+    Raises:
+        ConfigError: if the file is not a ``stoker.bench/1`` document.
+    """
+    return from_json(json.loads(Path(path).read_text()))

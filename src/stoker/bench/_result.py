@@ -1,0 +1,245 @@
+"""What a bench run returns: runs, contenders, workloads, and the whole result.
+
+Raw measurements are stored (one :class:`RunSample` per timed run); every figure the report
+shows is derived from them by properties here, so that the JSON file can be re-read and
+re-reported exactly (see :mod:`stoker.bench._report` for the JSON schema).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from stoker.bench._stats import Ideal, fraction_of, median, ratio, spread
+from stoker.errors import ConfigError
+
+__all__ = [
+    "BenchResult",
+    "ContenderResult",
+    "GridPoint",
+    "Role",
+    "RunSample",
+    "WorkloadResult",
+]
+
+# What a contender stands for in the comparison (one contender may play several roles).
+Role = Literal[
+    "torch-nw0",
+    "torch-recommended",
+    "torch-same",
+    "torch-best",
+    "torch-other",
+    "stoker",
+    "optional",
+]
+
+
+@dataclass(frozen=True)
+class RunSample:
+    """One timed run of one contender.
+
+    Attributes:
+        seconds: wall time from ``iter(loader)`` to the last batch consumed.
+        samples: samples consumed.
+        batches: batches consumed.
+        first_batch_s: seconds from ``iter(loader)`` to the first batch.
+        main_cpu_s: CPU seconds of the main process during the run.
+        tree_cpu_s: CPU seconds of the main process and its workers during the run.
+        peak_pss_bytes: peak total PSS of the main process and its workers.
+        epoch_first_batch_s: first-batch latency of each epoch (``epochs`` mode only).
+    """
+
+    seconds: float
+    samples: int
+    batches: int
+    first_batch_s: float
+    main_cpu_s: float
+    tree_cpu_s: float
+    peak_pss_bytes: int
+    epoch_first_batch_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ConfigError(f"`seconds` must be > 0. Found: {self.seconds!r}.")
+        if self.samples < 1 or self.batches < 1:
+            raise ConfigError(
+                f"a run must consume at least one batch. Found: samples={self.samples}, "
+                f"batches={self.batches}."
+            )
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def main_cpu_ms_per_batch(self) -> float:
+        return 1000 * self.main_cpu_s / self.batches
+
+    @property
+    def cpu_s_per_1k_samples(self) -> float:
+        return 1000 * self.tree_cpu_s / self.samples
+
+
+@dataclass(frozen=True)
+class ContenderResult:
+    """One contender's configuration and runs.
+
+    Attributes:
+        name: label shown in the table (``"torch nw=2 pf=4"``, ``"stoker"``).
+        library: ``"torch"``, ``"stoker"`` or the optional library's name.
+        roles: what it stands for (see :data:`Role`).
+        config: loader arguments that define it (``num_workers``, ``prefetch_factor``...).
+        runs: one sample per repeat.
+        error: why it could not run (then ``runs`` is empty), else ``None``.
+    """
+
+    name: str
+    library: str
+    roles: tuple[Role, ...]
+    config: dict[str, Any]
+    runs: tuple[RunSample, ...] = ()
+    error: str | None = None
+
+    def _median(self, attr: str) -> float | None:
+        if not self.runs:
+            return None
+        return median([float(getattr(r, attr)) for r in self.runs])
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.runs)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        return self._median("samples_per_s")
+
+    @property
+    def spread(self) -> float | None:
+        return spread([r.samples_per_s for r in self.runs]) if self.runs else None
+
+    @property
+    def main_cpu_ms_per_batch(self) -> float | None:
+        return self._median("main_cpu_ms_per_batch")
+
+    @property
+    def cpu_s_per_1k_samples(self) -> float | None:
+        return self._median("cpu_s_per_1k_samples")
+
+    @property
+    def peak_pss_bytes(self) -> float | None:
+        return self._median("peak_pss_bytes")
+
+    @property
+    def first_batch_s(self) -> float | None:
+        return self._median("first_batch_s")
+
+    @property
+    def epoch_first_batch_s(self) -> tuple[float, ...]:
+        """Median first-batch latency of each epoch (``epochs`` mode), else ``()``."""
+        lists = [r.epoch_first_batch_s for r in self.runs if r.epoch_first_batch_s]
+        if not lists:
+            return ()
+        n = min(len(x) for x in lists)
+        return tuple(median([x[i] for x in lists]) for i in range(n))
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One configuration of torch's grid search (short runs) and its throughput."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    samples_per_s: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """Everything measured for one workload.
+
+    Attributes:
+        name: workload name.
+        description: what it stresses.
+        batch_size: samples per batch.
+        mode: ``"steady"`` or ``"epochs"``.
+        ideal: this machine's limit, or ``None`` when it could not be measured.
+        contenders: every contender, in the order they ran.
+        grid: torch's grid search points (empty in ``epochs`` mode).
+        notes: remarks printed under the table (reduced grid, skipped contenders...).
+        error: why the workload could not run at all, else ``None``.
+    """
+
+    name: str
+    description: str
+    batch_size: int
+    mode: str
+    ideal: Ideal | None
+    contenders: tuple[ContenderResult, ...]
+    grid: tuple[GridPoint, ...] = ()
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+
+    def with_role(self, role: Role) -> ContenderResult | None:
+        """The first contender playing ``role`` that ran, or ``None``."""
+        for c in self.contenders:
+            if role in c.roles and c.ok:
+                return c
+        return None
+
+    @property
+    def torch_best(self) -> ContenderResult | None:
+        """The torch contender with the highest median samples/s in the repeats."""
+        torch_runs = [c for c in self.contenders if c.library == "torch" and c.ok]
+        return max(torch_runs, key=lambda c: c.samples_per_s or 0.0, default=None)
+
+    @property
+    def torch_same(self) -> ContenderResult | None:
+        """torch at stoker's ``num_workers`` (its better ``prefetch_factor``)."""
+        return self.with_role("torch-same")
+
+    @property
+    def stoker(self) -> ContenderResult | None:
+        return self.with_role("stoker")
+
+    def ratio_to_best(self, c: ContenderResult) -> float | None:
+        best = self.torch_best
+        return ratio(c.samples_per_s, best.samples_per_s if best else None)
+
+    def ratio_to_same(self, c: ContenderResult) -> float | None:
+        same = self.torch_same
+        return ratio(c.samples_per_s, same.samples_per_s if same else None)
+
+    def fraction_of_ideal(self, c: ContenderResult) -> float | None:
+        return fraction_of(c.samples_per_s, self.ideal.samples_per_s if self.ideal else None)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """A whole bench run.
+
+    Attributes:
+        workloads: one result per workload, in the order they ran.
+        quick: whether ``quick`` mode was used.
+        repeats: timed runs per contender.
+        machine: facts about the machine and versions (cores, platform, torch, stoker...).
+        started_at: ISO 8601 UTC time the run started.
+        duration_s: wall seconds the whole run took.
+    """
+
+    workloads: tuple[WorkloadResult, ...]
+    quick: bool
+    repeats: int
+    machine: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    duration_s: float = 0.0
+
+    def workload(self, name: str) -> WorkloadResult:
+        """The result of the workload called ``name``.
+
+        Raises:
+            KeyError: if it was not run.
+        """
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        raise KeyError(f"workload {name!r} was not run; ran: {[w.name for w in self.workloads]}")

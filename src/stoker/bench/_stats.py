@@ -1,0 +1,132 @@
+"""The arithmetic of the bench: medians, spreads, ratios and this machine's ideal.
+
+Every figure the bench prints is a median over repeats; the spread is the half range relative
+to the median (``(max - min) / 2 / median``), which for 3 to 10 repeats says honestly how far
+apart the runs were. Ratios are ratios of medians measured in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stoker.errors import ConfigError
+
+__all__ = ["Ideal", "fraction_of", "median", "ratio", "spread"]
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values`` (the mean of the two middle values for an even count).
+
+    Raises:
+        ConfigError: if ``values`` is empty or holds a NaN.
+    """
+    if not values:
+        raise ConfigError("`values` must hold at least one number. Found: [].")
+    if any(math.isnan(v) for v in values):
+        raise ConfigError(f"`values` must not hold NaN. Found: {list(values)!r}.")
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[mid])
+    return (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def spread(values: Sequence[float]) -> float:
+    """Half the range of ``values`` relative to their median (0.05 means +-5%).
+
+    Returns 0.0 for a single value and ``inf`` when the median is 0 but the values differ.
+
+    Raises:
+        ConfigError: if ``values`` is empty.
+    """
+    mid = median(values)
+    half_range = (max(values) - min(values)) / 2
+    if half_range == 0:
+        return 0.0
+    if mid == 0:
+        return math.inf
+    return abs(half_range / mid)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or ``None`` when either is missing or the denominator <= 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def fraction_of(value: float | None, limit: float | None) -> float | None:
+    """``value`` as a fraction of ``limit`` (``None`` when either is missing or limit <= 0)."""
+    return ratio(value, limit)
+
+
+@dataclass(frozen=True)
+class Ideal:
+    """This machine's limit for a workload: every usable core busy with nothing but samples.
+
+    ``samples_per_s = cores / cpu_s_per_sample``, where ``cpu_s_per_sample`` is the CPU time
+    (all threads of the process) that fetching and collating one sample costs in a single
+    process, measured before the contenders run. For CPU-bound work no loader can beat it
+    (transport and the consumer's own work come on top); for work that mostly waits (``io``)
+    it is the CPU limit that enough concurrency could reach.
+
+    Attributes:
+        cores: usable cores (affinity and cgroup quota).
+        cpu_s_per_sample: single-process CPU seconds per sample.
+        wall_s_per_sample: single-process wall seconds per sample (includes waiting).
+        samples: samples the measurement fetched.
+        note: how to read the ideal for this workload.
+    """
+
+    cores: int
+    cpu_s_per_sample: float
+    wall_s_per_sample: float
+    samples: int
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ConfigError(f"`cores` must be >= 1. Found: {self.cores!r}.")
+        if not self.cpu_s_per_sample > 0:
+            raise ConfigError(f"`cpu_s_per_sample` must be > 0. Found: {self.cpu_s_per_sample!r}.")
+        if self.wall_s_per_sample < 0:
+            raise ConfigError(
+                f"`wall_s_per_sample` must be >= 0. Found: {self.wall_s_per_sample!r}."
+            )
+        if self.samples < 1:
+            raise ConfigError(f"`samples` must be >= 1. Found: {self.samples!r}.")
+
+    @property
+    def samples_per_s(self) -> float:
+        """The ideal throughput: ``cores / cpu_s_per_sample``."""
+        return self.cores / self.cpu_s_per_sample
+
+    @classmethod
+    def from_measurement(
+        cls, *, cores: int, cpu_s: float, wall_s: float, samples: int, note: str = ""
+    ) -> Ideal:
+        """Build an ideal from a single-process measurement.
+
+        Args:
+            cores: usable cores.
+            cpu_s: CPU seconds the measurement took.
+            wall_s: wall seconds it took.
+            samples: samples it fetched.
+            note: how to read the ideal.
+
+        Raises:
+            ConfigError: if ``samples`` < 1 or ``cpu_s`` <= 0 (too short to measure).
+        """
+        if samples < 1:
+            raise ConfigError(f"`samples` must be >= 1. Found: {samples!r}.")
+        # A clock tick of CPU time is the floor: never divide by zero for trivial work.
+        cpu = max(cpu_s, 1e-6)
+        return cls(
+            cores=cores,
+            cpu_s_per_sample=cpu / samples,
+            wall_s_per_sample=wall_s / samples,
+            samples=samples,
+            note=note,
+        )
