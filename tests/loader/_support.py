@@ -40,8 +40,9 @@ def cases(*modes: tuple[int, str | None]) -> list[Any]:
         for workers, start in modes:
             marks = [pytest.mark.slow] if start == "spawn" else []
             out.append(
-                pytest.param(kind, workers, start, id=f"{kind}-{start or 'main'}-w{workers}",
-                             marks=marks)
+                pytest.param(
+                    kind, workers, start, id=f"{kind}-{start or 'main'}-w{workers}", marks=marks
+                )
             )
     return out
 
@@ -99,9 +100,9 @@ def torch_sharded_iterable_batches(
     n: int, workers: int, batch_size: int | None, drop_last: bool
 ) -> list[Any]:
     """What torch yields for ``ShardedIterable(n)`` (worker ``w`` reads ``range(w, n, W)``)."""
-    streams = [list(range(n))] if workers == 0 else [
-        list(range(w, n, workers)) for w in range(workers)
-    ]
+    streams = (
+        [list(range(n))] if workers == 0 else [list(range(w, n, workers)) for w in range(workers)]
+    )
     if batch_size is None:
         return round_robin(streams)
     return round_robin([chunks(s, batch_size, drop_last) for s in streams])
@@ -133,7 +134,7 @@ def assert_same(actual: Any, expected: Any, path: str = "batch") -> None:
             assert_same(actual[key], expected[key], f"{path}[{key!r}]")
     elif isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected)):
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_same(a, e, f"{path}[{i}]")
     else:
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"

@@ -47,8 +47,8 @@ from _support import (
     SPAWN,
     assert_same,
     cases,
-    iterate_until_error,
     chunks,
+    iterate_until_error,
     make_loader,
     rebuild_like_lightning,
     to_lists,
@@ -126,8 +126,7 @@ def test_prefetch_factor_does_not_change_output(
 @pytest.mark.parametrize("kind", LOADERS)
 def test_multiprocessing_context_object(kind: str) -> None:
     ctx = multiprocessing.get_context("fork")
-    loader = make_loader(kind, RangeDataset(10), 2, None, batch_size=3,
-                         multiprocessing_context=ctx)
+    loader = make_loader(kind, RangeDataset(10), 2, None, batch_size=3, multiprocessing_context=ctx)
     assert loader.multiprocessing_context is ctx
     assert to_lists(loader) == chunks(range(10), 3, drop_last=False)
 
@@ -147,8 +146,14 @@ def test_shuffle_each_index_once_differs_by_epoch_repeats_by_seed(
 
     def run(seed: int) -> list[list[int]]:
         loader = make_loader(
-            kind, RangeDataset(50), workers, start, batch_size=7, shuffle=True,
-            generator=torch.Generator().manual_seed(seed), **extra,
+            kind,
+            RangeDataset(50),
+            workers,
+            start,
+            batch_size=7,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+            **extra,
         )
         return _shuffled_epochs(loader, 3)
 
@@ -168,8 +173,14 @@ def test_shuffle_order_matches_reference_for_same_seed(
     """Switching loaders must not change which samples a seeded run sees in which order."""
     extra = {"persistent_workers": persistent} if workers else {}
     loader = make_loader(
-        kind, RangeDataset(33), workers, start, batch_size=4, shuffle=True,
-        generator=torch.Generator().manual_seed(11), **extra,
+        kind,
+        RangeDataset(33),
+        workers,
+        start,
+        batch_size=4,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(11),
+        **extra,
     )
     assert _shuffled_epochs(loader, 3) == torch_shuffle_orders(33, 11, 3, persistent)
 
@@ -181,7 +192,12 @@ def test_shuffle_order_matches_reference_for_same_seed(
 def test_worker_info_inside_workers(kind: str, workers: int, start: str | None) -> None:
     dataset = InfoDataset(16, tag="tagged")
     loader = make_loader(
-        kind, dataset, workers, start, batch_size=2, collate_fn=identity_collate,
+        kind,
+        dataset,
+        workers,
+        start,
+        batch_size=2,
+        collate_fn=identity_collate,
         worker_init_fn=record_worker_init if workers else None,
     )
     samples = [s for batch in loader for s in batch]
@@ -210,8 +226,14 @@ def test_worker_info_inside_workers(kind: str, workers: int, start: str | None) 
 @pytest.mark.parametrize("kind", LOADERS)
 def test_worker_init_fn_runs_once_per_persistent_worker(kind: str) -> None:
     loader = make_loader(
-        kind, InfoDataset(12), 2, "fork", batch_size=3, collate_fn=identity_collate,
-        worker_init_fn=record_worker_init, persistent_workers=True,
+        kind,
+        InfoDataset(12),
+        2,
+        "fork",
+        batch_size=3,
+        collate_fn=identity_collate,
+        worker_init_fn=record_worker_init,
+        persistent_workers=True,
     )
     for _ in range(3):
         samples = [s for batch in loader for s in batch]
@@ -225,8 +247,13 @@ def test_random_augmentation_reproducible_for_same_generator_seed(
 ) -> None:
     def run(seed: int) -> list[Any]:
         loader = make_loader(
-            kind, RandomAugDataset(12), workers, start, batch_size=3,
-            collate_fn=identity_collate, generator=torch.Generator().manual_seed(seed),
+            kind,
+            RandomAugDataset(12),
+            workers,
+            start,
+            batch_size=3,
+            collate_fn=identity_collate,
+            generator=torch.Generator().manual_seed(seed),
             persistent_workers=True,
         )
         return [[s for b in loader for s in b] for _ in range(2)]
@@ -245,8 +272,11 @@ def test_random_augmentation_reproducible_for_same_generator_seed(
 
 @pytest.mark.parametrize(
     ("kind", "workers", "start", "drop_last"),
-    [pytest.param(*p.values, d, id=f"{p.id}-{'drop' if d else 'keep'}", marks=p.marks)
-     for p in cases(MAIN, FORK) for d in (False, True)]
+    [
+        pytest.param(*p.values, d, id=f"{p.id}-{'drop' if d else 'keep'}", marks=p.marks)
+        for p in cases(MAIN, FORK)
+        for d in (False, True)
+    ]
     + [pytest.param(*p.values, False, id=f"{p.id}-keep", marks=p.marks) for p in cases(SPAWN)],
 )
 def test_iterable_sharded_by_worker_info(
@@ -285,8 +315,13 @@ def test_iterable_without_sharding_repeats_per_worker(
 def test_iterable_configured_in_worker_init_fn(kind: str, persistent: bool) -> None:
     """torch's documented pattern: worker_init_fn narrows the worker's dataset copy."""
     loader = make_loader(
-        kind, RangeIterable(3, 20), 2, "fork", batch_size=3,
-        worker_init_fn=split_range_worker_init, persistent_workers=persistent,
+        kind,
+        RangeIterable(3, 20),
+        2,
+        "fork",
+        batch_size=3,
+        worker_init_fn=split_range_worker_init,
+        persistent_workers=persistent,
     )
     for _ in range(3):
         flat = sorted(i for b in to_lists(loader) for i in b)
@@ -305,8 +340,9 @@ def test_batch_size_none_yields_samples(kind: str, workers: int, start: str | No
 
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))
 def test_custom_collate_fn(kind: str, workers: int, start: str | None) -> None:
-    loader = make_loader(kind, RangeDataset(10), workers, start, batch_size=4,
-                         collate_fn=tagging_collate)
+    loader = make_loader(
+        kind, RangeDataset(10), workers, start, batch_size=4, collate_fn=tagging_collate
+    )
     assert list(loader) == [
         {"collated_by": "tagging_collate", "items": b, "sum": sum(b)}
         for b in chunks(range(10), 4, drop_last=False)
@@ -316,8 +352,7 @@ def test_custom_collate_fn(kind: str, workers: int, start: str | None) -> None:
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))
 def test_drop_last(kind: str, workers: int, start: str | None, drop_last: bool) -> None:
-    loader = make_loader(kind, RangeDataset(11), workers, start, batch_size=3,
-                         drop_last=drop_last)
+    loader = make_loader(kind, RangeDataset(11), workers, start, batch_size=3, drop_last=drop_last)
     got = to_lists(loader)
     assert len(loader) == (3 if drop_last else 4)
     assert len(got) == len(loader)
@@ -338,8 +373,9 @@ def test_len(kind: str) -> None:
 
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))
 def test_custom_sampler(kind: str, workers: int, start: str | None) -> None:
-    loader = make_loader(kind, RangeDataset(10), workers, start, batch_size=4,
-                         sampler=ReverseSampler(10))
+    loader = make_loader(
+        kind, RangeDataset(10), workers, start, batch_size=4, sampler=ReverseSampler(10)
+    )
     assert to_lists(loader) == [[9, 8, 7, 6], [5, 4, 3, 2], [1, 0]]
 
 
@@ -370,16 +406,18 @@ def test_batch_sampler_with_variable_batch_sizes(
 
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))
 def test_getitems_is_used_for_batches(kind: str, workers: int, start: str | None) -> None:
-    loader = make_loader(kind, GetitemsDataset(10), workers, start, batch_size=4,
-                         collate_fn=identity_collate)
+    loader = make_loader(
+        kind, GetitemsDataset(10), workers, start, batch_size=4, collate_fn=identity_collate
+    )
     for batch, indices in zip(loader, chunks(range(10), 4, drop_last=False), strict=True):
         assert batch == [("getitems", i, tuple(indices)) for i in indices]
 
 
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))
 def test_getitem_without_auto_batching(kind: str, workers: int, start: str | None) -> None:
-    loader = make_loader(kind, GetitemsDataset(5), workers, start, batch_size=None,
-                         collate_fn=identity_collate)
+    loader = make_loader(
+        kind, GetitemsDataset(5), workers, start, batch_size=None, collate_fn=identity_collate
+    )
     assert list(loader) == [("getitem", i, ()) for i in range(5)]
 
 
@@ -388,8 +426,7 @@ def test_getitem_without_auto_batching(kind: str, workers: int, start: str | Non
 def test_in_order_flag_delivers_every_batch_once(
     kind: str, workers: int, start: str | None, in_order: bool
 ) -> None:
-    loader = make_loader(kind, RangeDataset(37), workers, start, batch_size=4,
-                         in_order=in_order)
+    loader = make_loader(kind, RangeDataset(37), workers, start, batch_size=4, in_order=in_order)
     assert loader.in_order is in_order
     got = to_lists(loader)
     expected = chunks(range(37), 4, drop_last=False)
@@ -408,7 +445,7 @@ def test_rich_batches_arrive_intact(kind: str, workers: int, start: str | None) 
     loader = make_loader(kind, RichDataset(10), workers, start, batch_size=4)
     got = list(loader)
     assert len(got) == len(reference)
-    for i, (a, e) in enumerate(zip(got, reference)):
+    for i, (a, e) in enumerate(zip(got, reference, strict=True)):
         assert_same(a, e, f"batch[{i}]")
 
 
@@ -417,10 +454,11 @@ def test_dataclass_batches_with_numpy_arrive_intact(
     kind: str, workers: int, start: str | None
 ) -> None:
     reference = list(tud.DataLoader(RecordDataset(9), batch_size=4, collate_fn=record_collate))
-    got = list(make_loader(kind, RecordDataset(9), workers, start, batch_size=4,
-                           collate_fn=record_collate))
+    got = list(
+        make_loader(kind, RecordDataset(9), workers, start, batch_size=4, collate_fn=record_collate)
+    )
     assert len(got) == 3
-    for i, (a, e) in enumerate(zip(got, reference)):
+    for i, (a, e) in enumerate(zip(got, reference, strict=True)):
         assert_same(a, e, f"batch[{i}]")
 
 
@@ -430,7 +468,7 @@ def test_batches_growing_in_size_arrive_intact(kind: str, workers: int, start: s
     loader = make_loader(kind, dataset, workers, start, batch_size=4, collate_fn=concat_collate)
     batches = list(loader)
     assert len(batches) == 4
-    for batch, indices in zip(batches, chunks(range(16), 4, drop_last=False)):
+    for batch, indices in zip(batches, chunks(range(16), 4, drop_last=False), strict=True):
         expected = concat_collate([dataset[i] for i in indices])
         assert_same(batch, expected)
 
@@ -443,8 +481,9 @@ def test_batches_growing_in_size_arrive_intact(kind: str, workers: int, start: s
 def test_getitem_error_keeps_type_and_message(
     kind: str, workers: int, start: str | None, exc_type: type[Exception]
 ) -> None:
-    loader = make_loader(kind, FailingDataset(12, bad=9, exc_type=exc_type), workers, start,
-                         batch_size=2)
+    loader = make_loader(
+        kind, FailingDataset(12, bad=9, exc_type=exc_type), workers, start, batch_size=2
+    )
     exc, seen = iterate_until_error(loader, exc_type)
     assert type(exc) is exc_type
     assert "sample 9 is corrupt" in str(exc)
@@ -465,8 +504,9 @@ def test_getitem_error_under_spawn(kind: str, workers: int, start: str | None) -
 
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))
 def test_collate_error_keeps_type_and_message(kind: str, workers: int, start: str | None) -> None:
-    loader = make_loader(kind, RangeDataset(6), workers, start, batch_size=3,
-                         collate_fn=failing_collate)
+    loader = make_loader(
+        kind, RangeDataset(6), workers, start, batch_size=3, collate_fn=failing_collate
+    )
     exc, seen = iterate_until_error(loader, SampleError)
     assert "collate_fn refused a batch of 3" in str(exc)
     assert seen == []
@@ -474,8 +514,9 @@ def test_collate_error_keeps_type_and_message(kind: str, workers: int, start: st
 
 @pytest.mark.parametrize("kind", LOADERS)
 def test_worker_init_fn_error_keeps_type_and_message(kind: str) -> None:
-    loader = make_loader(kind, RangeDataset(6), 2, "fork", batch_size=3,
-                         worker_init_fn=failing_worker_init)
+    loader = make_loader(
+        kind, RangeDataset(6), 2, "fork", batch_size=3, worker_init_fn=failing_worker_init
+    )
     exc, seen = iterate_until_error(loader, SampleError)
     assert "worker_init_fn refused worker" in str(exc)
     assert seen == []
@@ -484,8 +525,12 @@ def test_worker_init_fn_error_keeps_type_and_message(kind: str) -> None:
 @pytest.mark.parametrize("kind", LOADERS)
 def test_timeout_raises_runtime_error(kind: str) -> None:
     loader = make_loader(
-        kind, SlowDataset(4, slow=range(4), delay=HANG_SAMPLE_S), 2, "fork",
-        batch_size=2, timeout=LOADER_TIMEOUT_S,
+        kind,
+        SlowDataset(4, slow=range(4), delay=HANG_SAMPLE_S),
+        2,
+        "fork",
+        batch_size=2,
+        timeout=LOADER_TIMEOUT_S,
     )
     exc, seen = iterate_until_error(loader, RuntimeError)
     assert seen == []
@@ -505,20 +550,30 @@ _INVALID: dict[str, tuple[Any, dict[str, Any]]] = {
     "persistent-without-workers": (RangeDataset(4), {"persistent_workers": True}),
     "sampler-and-shuffle": (RangeDataset(4), {"sampler": _SAMPLER, "shuffle": True}),
     "batch-sampler-and-batch-size": (
-        RangeDataset(4), {"batch_sampler": _BATCH_SAMPLER, "batch_size": 2}),
-    "batch-sampler-and-shuffle": (RangeDataset(4), {"batch_sampler": _BATCH_SAMPLER,
-                                                    "shuffle": True}),
-    "batch-sampler-and-sampler": (RangeDataset(4), {"batch_sampler": _BATCH_SAMPLER,
-                                                    "sampler": _SAMPLER}),
-    "batch-sampler-and-drop-last": (RangeDataset(4), {"batch_sampler": _BATCH_SAMPLER,
-                                                      "drop_last": True}),
+        RangeDataset(4),
+        {"batch_sampler": _BATCH_SAMPLER, "batch_size": 2},
+    ),
+    "batch-sampler-and-shuffle": (
+        RangeDataset(4),
+        {"batch_sampler": _BATCH_SAMPLER, "shuffle": True},
+    ),
+    "batch-sampler-and-sampler": (
+        RangeDataset(4),
+        {"batch_sampler": _BATCH_SAMPLER, "sampler": _SAMPLER},
+    ),
+    "batch-sampler-and-drop-last": (
+        RangeDataset(4),
+        {"batch_sampler": _BATCH_SAMPLER, "drop_last": True},
+    ),
     "no-batching-and-drop-last": (RangeDataset(4), {"batch_size": None, "drop_last": True}),
     "iterable-and-shuffle": (ShardedIterable(4), {"shuffle": True}),
     "iterable-and-sampler": (ShardedIterable(4), {"sampler": _SAMPLER}),
     "iterable-and-batch-sampler": (ShardedIterable(4), {"batch_sampler": _BATCH_SAMPLER}),
     "context-without-workers": (RangeDataset(4), {"multiprocessing_context": "fork"}),
-    "unknown-start-method": (RangeDataset(4), {"num_workers": 2,
-                                               "multiprocessing_context": "teleport"}),
+    "unknown-start-method": (
+        RangeDataset(4),
+        {"num_workers": 2, "multiprocessing_context": "teleport"},
+    ),
     "context-of-wrong-type": (RangeDataset(4), {"num_workers": 2, "multiprocessing_context": 5}),
 }
 
@@ -539,8 +594,9 @@ def test_constructor_validation_matches_torch(case: str) -> None:
     assert _raised(lambda: stoker.DataLoader(dataset, **kwargs)) == expected
 
 
-@pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last",
-                                  "dataset", "persistent_workers"])
+@pytest.mark.parametrize(
+    "attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]
+)
 def test_frozen_attributes_match_torch(attr: str) -> None:
     def assign(cls: type[tud.DataLoader[Any]]) -> None:
         loader = cls(RangeDataset(4), batch_size=2)
@@ -565,15 +621,34 @@ def test_rebuild_from_attributes_like_lightning(
     kind: str, workers: int, start: str | None, shuffle: bool
 ) -> None:
     loader = make_loader(
-        kind, RangeDataset(17), workers, start, batch_size=4, shuffle=shuffle,
-        drop_last=True, collate_fn=tagging_collate,
+        kind,
+        RangeDataset(17),
+        workers,
+        start,
+        batch_size=4,
+        shuffle=shuffle,
+        drop_last=True,
+        collate_fn=tagging_collate,
         generator=torch.Generator().manual_seed(3),
     )
     clone = rebuild_like_lightning(loader)
     assert type(clone) is type(loader)
-    for name in ("dataset", "batch_size", "num_workers", "drop_last", "collate_fn", "timeout",
-                 "worker_init_fn", "prefetch_factor", "persistent_workers", "generator",
-                 "multiprocessing_context", "pin_memory", "in_order", "sampler"):
+    for name in (
+        "dataset",
+        "batch_size",
+        "num_workers",
+        "drop_last",
+        "collate_fn",
+        "timeout",
+        "worker_init_fn",
+        "prefetch_factor",
+        "persistent_workers",
+        "generator",
+        "multiprocessing_context",
+        "pin_memory",
+        "in_order",
+        "sampler",
+    ):
         assert getattr(clone, name) == getattr(loader, name), name
     # The clone delivers the same batches (for shuffling: the same indices per epoch).
     first = list(loader)

@@ -29,7 +29,11 @@ CI_SETTINGS = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
-pytestmark = [pytest.mark.timeout(HANG_GUARD_S), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(HANG_GUARD_S),
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
 
 
 @pytest.mark.parametrize("kind", LOADERS)
@@ -53,9 +57,15 @@ def test_map_style_delivers_what_torch_delivers(
 ) -> None:
     def build(cls: type[tud.DataLoader[int]], num_workers: int, **extra: object) -> list[list[int]]:
         generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
-        loader = cls(RangeDataset(n), batch_size=batch_size, drop_last=drop_last,
-                     shuffle=shuffle_seed is not None, generator=generator,
-                     num_workers=num_workers, **extra)
+        loader = cls(
+            RangeDataset(n),
+            batch_size=batch_size,
+            drop_last=drop_last,
+            shuffle=shuffle_seed is not None,
+            generator=generator,
+            num_workers=num_workers,
+            **extra,
+        )
         return to_lists(loader)
 
     expected = build(tud.DataLoader, 0)
@@ -82,7 +92,12 @@ def test_iterable_interleaves_like_torch(
 ) -> None:
     if batch_size is None:
         drop_last = False
-    loader = LOADERS[kind](ShardedIterable(n), batch_size=batch_size, drop_last=drop_last,
-                           num_workers=workers, multiprocessing_context="fork")
+    loader = LOADERS[kind](
+        ShardedIterable(n),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        num_workers=workers,
+        multiprocessing_context="fork",
+    )
     got = to_lists(loader)
     assert got == torch_sharded_iterable_batches(n, workers, batch_size, drop_last)

@@ -60,12 +60,14 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "stoker-"
 TESTS_DIR = Path(__file__).resolve().parent
 
-pytestmark = pytest.mark.timeout(HANG_GUARD_S)
+pytestmark = [
+    pytest.mark.timeout(HANG_GUARD_S),
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
 
 
 def _loader(dataset: Any, workers: int = 2, start: str = "fork", **kwargs: Any) -> Any:
-    return stoker.DataLoader(dataset, num_workers=workers, multiprocessing_context=start,
-                             **kwargs)
+    return stoker.DataLoader(dataset, num_workers=workers, multiprocessing_context=start, **kwargs)
 
 
 def _wait_dead(pids: list[int], grace: float = SHUTDOWN_GRACE_S) -> list[int]:
@@ -133,8 +135,9 @@ def test_workers_persist_by_default() -> None:
 
 
 def test_explicit_persistent_workers_false_is_honoured() -> None:
-    loader = _loader(EpochDataset(12), batch_size=3, collate_fn=identity_collate,
-                     persistent_workers=False)
+    loader = _loader(
+        EpochDataset(12), batch_size=3, collate_fn=identity_collate, persistent_workers=False
+    )
     assert loader.persistent_workers is False
     pids = []
     for _ in range(2):
@@ -200,8 +203,14 @@ def test_dataset_set_epoch_in_main_process_reaches_persistent_workers(kind: str)
     dataset = EpochDataset(12)
     dataset.set_epoch(0)
     cls = tud.DataLoader if kind == "torch" else stoker.DataLoader
-    loader = cls(dataset, batch_size=3, num_workers=2, multiprocessing_context="fork",
-                 persistent_workers=True, collate_fn=identity_collate)
+    loader = cls(
+        dataset,
+        batch_size=3,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        collate_fn=identity_collate,
+    )
     seen = []
     for epoch in range(3):
         loader.dataset.set_epoch(epoch)
@@ -216,9 +225,14 @@ def test_dataset_set_epoch_in_main_process_reaches_persistent_workers(kind: str)
 
 
 def _random_epochs(workers: int, seed: int = 77, **kwargs: Any) -> list[list[Any]]:
-    loader = _loader(RandomAugDataset(24), workers=workers, batch_size=4,
-                     collate_fn=identity_collate, generator=torch.Generator().manual_seed(seed),
-                     **kwargs)
+    loader = _loader(
+        RandomAugDataset(24),
+        workers=workers,
+        batch_size=4,
+        collate_fn=identity_collate,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
     return [sorted(s for b in loader for s in b) for _ in range(2)]
 
 
@@ -230,7 +244,7 @@ def test_randomness_independent_of_worker_count_and_dispatch() -> None:
     # Not constant: every sample of an epoch draws differently, and epochs differ.
     draws = [s[1:] for s in one[0]]
     assert len(set(draws)) == len(draws)
-    for a, b in zip(one[0], one[1]):
+    for a, b in zip(one[0], one[1], strict=True):
         assert a[1:] != b[1:], f"sample {a[0]} drew the same values in epochs 0 and 1"
     assert _random_epochs(2, seed=78)[0] != one[0]
 
@@ -274,8 +288,7 @@ def test_kept_batches_stay_intact_after_many_more() -> None:
         elif what == "row-view":
             assert torch.equal(obj, torch.full(shape, float(indices[0])))
         elif what == "strided-view":
-            assert torch.equal(obj, torch.stack([torch.full(shape[1:], float(i))
-                                                 for i in indices]))
+            assert torch.equal(obj, torch.stack([torch.full(shape[1:], float(i)) for i in indices]))
         else:
             expected = np.stack([np.full((7,), i, dtype=np.int64) for i in indices])
             assert np.array_equal(obj, expected), what
@@ -289,11 +302,31 @@ def test_large_batches_after_small_ones_and_back() -> None:
     for _ in range(3):
         got = list(loader)
         assert len(got) == 3
-        for a, e in zip(got, expected):
+        for a, e in zip(got, expected, strict=True):
             assert_same(a, e)
         kept.append(got[-1])
     for batch in kept:
         assert_same(batch, expected[-1])
+
+
+def test_batches_over_the_slot_budget_fall_back_intact(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stoker._iterator as engine
+
+    monkeypatch.setattr(engine, "MIN_SLOT_BUDGET", 1 << 20)
+    monkeypatch.setattr(engine, "SHM_BUDGET_FRACTION", 0.0)
+    dataset = GrowingDataset(12, base=2_000)  # batches of ~0.2, ~1.4 and ~3.6 MB
+    loader = _loader(dataset, batch_size=4, collate_fn=concat_collate)
+    expected = [concat_collate([dataset[i] for i in b]) for b in chunks(range(12), 4, False)]
+    kept = []
+    for _ in range(3):
+        got = list(loader)
+        assert len(got) == 3
+        for a, e in zip(got, expected, strict=True):
+            assert_same(a, e)
+        kept.extend(got)
+    assert loader.stats().fallback_batches > 0, "no batch took the fallback path"
+    for i, batch in enumerate(kept):
+        assert_same(batch, expected[i % 3])
 
 
 # -- delivery order ----------------------------------------------------------------------------
@@ -301,8 +334,9 @@ def test_large_batches_after_small_ones_and_back() -> None:
 
 @pytest.mark.parametrize("in_order", [True, False])
 def test_in_order_false_lets_fast_batches_overtake_a_slow_one(in_order: bool) -> None:
-    loader = _loader(SlowDataset(24, slow=[0], delay=SLOW_SAMPLE_S), batch_size=4,
-                     in_order=in_order)
+    loader = _loader(
+        SlowDataset(24, slow=[0], delay=SLOW_SAMPLE_S), batch_size=4, in_order=in_order
+    )
     got = to_lists(loader)
     expected = chunks(range(24), 4, drop_last=False)
     if in_order:
@@ -357,13 +391,16 @@ def test_worker_init_fn_error_names_the_worker() -> None:
 # -- threads and copy-on-read ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("workers", "start"), [(1, "fork"), (2, "fork"), (3, "fork"),
-                                                pytest.param(2, "spawn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("workers", "start"),
+    [(1, "fork"), (2, "fork"), (3, "fork"), pytest.param(2, "spawn", marks=pytest.mark.slow)],
+)
 def test_workers_cap_threads_and_freeze_gc(workers: int, start: str) -> None:
     cores = usable_cores()
     main_threads = torch.get_num_threads()
-    loader = _loader(InfoDataset(12), workers=workers, start=start, batch_size=2,
-                     collate_fn=identity_collate)
+    loader = _loader(
+        InfoDataset(12), workers=workers, start=start, batch_size=2, collate_fn=identity_collate
+    )
     samples = [s for batch in loader for s in batch]
     assert len(samples) == 12
     for s in samples:
@@ -391,8 +428,11 @@ def test_break_then_release_persistent_loader_stops_workers() -> None:
 
 
 def test_break_then_del_iterator_stops_fresh_workers() -> None:
-    loader = _loader(SlowDataset(100, slow=range(10, 100), delay=SLOW_SAMPLE_S / 10),
-                     batch_size=2, persistent_workers=False)
+    loader = _loader(
+        SlowDataset(100, slow=range(10, 100), delay=SLOW_SAMPLE_S / 10),
+        batch_size=2,
+        persistent_workers=False,
+    )
     it = iter(loader)
     next(it)
     pids = [w.pid for w in it._workers]
@@ -446,14 +486,21 @@ _EXIT_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize(
     ("start", "mode"),
-    [("fork", "exit"), ("fork", "raise"), ("fork", "busy"),
-     pytest.param("spawn", "exit", marks=pytest.mark.slow)],
+    [
+        ("fork", "exit"),
+        ("fork", "raise"),
+        ("fork", "busy"),
+        pytest.param("spawn", "exit", marks=pytest.mark.slow),
+    ],
 )
 def test_interpreter_exit_without_cleanup_is_clean(start: str, mode: str) -> None:
     shm_before = _stoker_shm()
     proc = subprocess.Popen(
         [sys.executable, "-c", _EXIT_SCRIPT, str(TESTS_DIR), start, mode],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
