@@ -21,8 +21,11 @@ def _children() -> set[int]:
 
 
 def _shm_entries() -> set[str]:
+    # Only this process's pools (their names carry the owner's pid): other processes on the
+    # machine (parallel test runs) may hold live pools of their own.
+    mine = f"{SHM_PREFIX}{os.getpid()}-"
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
     except FileNotFoundError:
         return set()
 

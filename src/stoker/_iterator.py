@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
-import pickle
 import time
 import weakref
 from typing import Any
@@ -39,6 +38,7 @@ from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
 from stoker.workers._process import describe_exit
 from stoker.workers._status import IDLE
+from stoker.workers._threads import ThreadPool
 
 __all__ = ["MultiWorkerIterator"]
 
@@ -66,7 +66,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     def __init__(self, loader: Any) -> None:
         rng_at_start = EpochState.capture_rng(loader.generator)
         super().__init__(loader)
-        self._pool: WorkerPool | None = None
+        self._pool: WorkerPool | ThreadPool | None = None
         self._book: TaskBook[tuple[tuple[Any, ...], Any]] = TaskBook(loader.in_order)
         self._in_order: bool = loader.in_order
         self._prefetch = max(1, int(loader.prefetch_factor or 2))
@@ -117,7 +117,11 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             for i in range(n)
         ]
         payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
-        self._pool = WorkerPool(ctx, specs, payload)
+        self._backend = loader.backend
+        if self._backend == "thread":
+            self._pool = ThreadPool(specs, payload)
+        else:
+            self._pool = WorkerPool(ctx, specs, payload)
         self._workers = self._pool.processes
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
@@ -177,9 +181,11 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             pool.send_ctrl(i, start)
         self._fill()
 
-    def _epoch_message(self, changes: list[tuple[tuple[str, ...], Any]], set_epoch: Any) -> bytes:
+    def _epoch_message(
+        self, changes: list[tuple[tuple[str, ...], Any]], set_epoch: Any
+    ) -> tuple[Any, ...]:
         blob = None
-        if changes:
+        if changes and self._backend == "process":  # threads share the dataset itself
             try:
                 blob = cloudpickle.dumps(changes)
             except Exception as exc:
@@ -190,7 +196,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                     "unpicklable objects (open files, locks, sockets) out of attributes that "
                     "change between epochs, or pass `persistent_workers=False`."
                 ) from exc
-        return pickle.dumps(("E", self._epoch, blob, set_epoch), protocol=_PROTOCOL)
+        return ("E", self._epoch, blob, set_epoch)
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -220,10 +226,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             if idx in delivered:  # resumed epoch: delivered before the checkpoint
                 book.skip(idx)
                 continue
-            msg = pickle.dumps(
-                ("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index),
-                protocol=_PROTOCOL,
-            )
+            msg = ("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index)
             if worker is None:
                 pool.put_task(msg)
             else:
@@ -262,20 +265,15 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 if left <= 0:
                     self._raise_timeout(timeout)
                 wait = min(wait, left)
-            ready = pool.wait(wait)
-            handled = False
-            for conn in ready:
-                if conn in pool.results:
-                    try:
-                        raw = conn.recv_bytes()
-                    except (EOFError, OSError):
-                        continue
-                    self._handle(raw)
-                    handled = True
-            if handled:
+            msgs = pool.receive(wait)
+            for msg in msgs:
+                self._handle(msg)
+            if msgs:
                 return
-            if ready:
-                self._check_workers()
+            for worker_id, pid, code, leftovers in pool.dead():
+                for msg in leftovers:
+                    self._handle(msg)
+                self._worker_died(worker_id, pid, code)
 
     def _waited_on(self) -> tuple[int | None, int | None, float | None]:
         """``(worker id, task index, started)`` of the batch the consumer waits for."""
@@ -302,9 +300,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         lines = [f"DataLoader timed out after {timeout} seconds waiting for a batch."]
         if worker is not None:
             busy = time.monotonic() - started if started else 0.0
-            proc = pool.processes[worker]
+            who = f"pid {_pid(pool.processes[worker])}" if self._backend == "process" else "thread"
             lines.append(
-                f"Worker {worker} (pid {proc.pid}) has been loading batch {task} "
+                f"Worker {worker} ({who}) has been loading batch {task} "
                 f"(sample indices {_short(indices)}) for {busy:.1f} s."
             )
             stack = pool.dump_stack(worker)
@@ -315,20 +313,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         lines.append("Raise `timeout`, or find what blocks in `__getitem__` (stack above).")
         raise WorkerTimeoutError("\n".join(lines))
 
-    def _check_workers(self) -> None:
-        pool = self._pool
-        assert pool is not None
-        for i, proc in enumerate(pool.processes):
-            if proc.exitcode is None:
-                continue
-            # Read what it sent before dying.
-            conn = pool.results[i]
-            with contextlib.suppress(EOFError, OSError):
-                while conn.poll():
-                    self._handle(conn.recv_bytes())
-            self._worker_died(i, proc.pid, proc.exitcode)
-
-    def _worker_died(self, worker_id: int, pid: int, code: int) -> None:
+    def _worker_died(self, worker_id: int, pid: int | None, code: int | None) -> None:
         pool = self._pool
         assert pool is not None
         how = describe_exit(code)
@@ -355,7 +340,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         )
         # Batches still queued or being loaded by live workers are safe; the rest were lost
         # with the dead worker and go back on the queue (a duplicate reply is ignored).
-        queued = [pickle.loads(raw) for raw in pool.drain_tasks()]
+        queued = pool.drain_tasks()
         busy = set()
         for i in range(self._num_workers):
             if i != worker_id:
@@ -372,19 +357,18 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             index = self._book.request(idx)
             redo.append(("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index))
         for m in sorted(redo, key=lambda m: m[2]):
-            pool.put_task(pickle.dumps(m, protocol=_PROTOCOL))
+            pool.put_task(m)
 
-    def _catch_up_message(self) -> bytes:
+    def _catch_up_message(self) -> tuple[Any, ...]:
         """An epoch message carrying every change since the pool started (for a new worker)."""
         changes = list(self._all_changes.items())
         return self._epoch_message(changes, self._last_set_epoch)
 
-    def _handle(self, raw: bytes) -> None:
-        msg = pickle.loads(raw)
+    def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "F":
             worker_id, packed = msg[1], msg[2]
-            pid = self._workers[worker_id].pid
+            pid = _pid(self._workers[worker_id])
             self._shutdown()
             raise unpack_exception(packed, worker_id, pid, None)
         epoch, idx, wid = msg[1], msg[2], msg[3]
@@ -429,11 +413,11 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._state.delivered.add(idx)
         if msg[0] == "X":
             worker_id = msg[3]
-            raise unpack_exception(msg[4], worker_id, self._workers[worker_id].pid, index)
+            raise unpack_exception(msg[4], worker_id, _pid(self._workers[worker_id]), index)
         slot, payload, fallback = msg[5], msg[7], msg[8]
         self._fallbacks += fallback
         self._samples += len(index) if self._auto_collation and index is not None else 1
-        batch = decode(payload, slot, self._slots)
+        batch = payload if self._backend == "thread" else decode(payload, slot, self._slots)
         if self._pin_memory:
             batch = _pin_memory(batch, self._pin_memory_device)
         return batch
@@ -449,7 +433,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         elapsed = max(1e-9, now - self._started)
         workers = []
         for i, p in enumerate(self._workers):
-            alive = pool is not None and not pool.closed and p is not None and p.exitcode is None
+            alive = pool is not None and not pool.closed and _alive(p)
             current: tuple[object, ...] | None = None
             since = None
             if alive and pool is not None:
@@ -471,7 +455,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 )
             )
         return LoaderStats(
-            backend="process",
+            backend=self._backend,
             num_workers=self._num_workers,
             epoch=max(0, self._epoch),
             batches=self._book.delivered,
@@ -501,10 +485,18 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
 
 
 def _pid(proc: Any) -> int | None:
+    """A worker process's pid; None for a thread or a closed process handle."""
     try:
         return int(proc.pid)
     except (ValueError, AttributeError, TypeError):
         return None
+
+
+def _alive(proc: Any) -> bool:
+    try:
+        return bool(proc.is_alive())
+    except (ValueError, AttributeError):
+        return False
 
 
 def _short(indices: Any, limit: int = 16) -> str:

@@ -23,7 +23,7 @@ from stoker.faults import Failure, FailurePolicy, OnError
 
 __all__ = ["Backend", "DataLoader"]
 
-Backend = Literal["process"]
+Backend = Literal["process", "thread"]
 _BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # torch added `in_order` in 2.6; older versions must not be passed it.
@@ -66,7 +66,10 @@ class DataLoader(tud.DataLoader):
             whenever ``num_workers > 0``.
         pin_memory_device: deprecated in torch; accepted and passed on.
         in_order: deliver batches in sampler order (``True``, default) or as they complete.
-        backend: where workers run. ``"process"`` (default) is the only backend so far.
+        backend: where workers run: ``"process"`` (default; fork, forkserver or spawn) or
+            ``"thread"`` (threads of this process: no pickling, no shared memory, no copies
+            of the dataset; best when loading releases the GIL, e.g. decoding and I/O; global
+            random generators are shared, so augmentations are not reseeded per batch).
         on_error: what a sample that raises does: ``"raise"`` (default, as torch),
             ``"skip"`` (drop it; the batch is smaller) or ``"replace"`` (load another sample
             instead; batches keep their size). Failures are listed in ``loader.failures``.
@@ -119,6 +122,8 @@ class DataLoader(tud.DataLoader):
             raise ConfigError(
                 f"`max_worker_restarts` must be an int >= 0. Found: {max_worker_restarts!r}."
             )
+        # Set before torch's constructor, which calls `check_worker_number_rationality`.
+        self.backend = backend
         if persistent_workers is None:
             persistent_workers = isinstance(num_workers, int) and num_workers > 0
         extra: dict[str, Any] = {}
@@ -144,7 +149,6 @@ class DataLoader(tud.DataLoader):
             **extra,
         )
         self.in_order = in_order
-        self.backend = backend
         self.failure_policy = policy
         self.max_worker_restarts = max_worker_restarts
         #: Every sample that failed to load (``on_error="skip"``/``"replace"``), oldest first.
@@ -156,6 +160,11 @@ class DataLoader(tud.DataLoader):
         self._live: weakref.ref[Any] | None = None
 
     # -- iteration -----------------------------------------------------------------------
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning about more worker processes than cores (threads are exempt)."""
+        if getattr(self, "backend", "process") == "process":
+            super().check_worker_number_rationality()
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:

@@ -41,8 +41,16 @@ def collate_tensor_into_slot(
     return torch.stack(batch, 0, out=out)
 
 
-def install(arena: SlotArena) -> None:
-    """Route ``default_collate``'s tensor stacking in this process into ``arena``."""
+def install(arena: SlotArena | None) -> None:
+    """Route ``default_collate``'s tensor stacking in this process into ``arena``.
+
+    With ``arena=None`` (thread workers) tensors are stacked into ordinary memory, as torch
+    does in the main process, instead of the fresh shared-memory segment torch's collate
+    would allocate for each batch of a thread that ``get_worker_info()`` calls a worker. A
+    user's own replacement of the ``torch.Tensor`` entry is left alone.
+    """
     global _arena
     _arena = arena
-    _torch_collate.default_collate_fn_map[torch.Tensor] = collate_tensor_into_slot
+    table = _torch_collate.default_collate_fn_map
+    if table.get(torch.Tensor) in (_torch_collate.collate_tensor_fn, collate_tensor_into_slot):
+        table[torch.Tensor] = collate_tensor_into_slot

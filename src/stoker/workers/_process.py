@@ -20,6 +20,7 @@ import fcntl
 import gc
 import multiprocessing.connection as mpc
 import os
+import pickle
 import signal
 import threading
 import time
@@ -39,6 +40,7 @@ STOP_GRACE_S = 1.0
 TERM_GRACE_S = 0.5
 # Seconds to wait for a worker to write its stacks after SIGUSR1.
 STACK_DUMP_WAIT_S = 0.3
+_PROTOCOL = 5
 # Pipes are enlarged to this size (Linux) so that queued tasks never block the main process.
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
@@ -163,20 +165,45 @@ class WorkerPool:
 
     # -- traffic -------------------------------------------------------------------------
 
-    def put_task(self, data: bytes) -> None:
-        self.queue.put(data)
+    kind = "process"
 
-    def send_ctrl(self, worker_id: int, data: bytes) -> None:
+    def put_task(self, msg: tuple[Any, ...]) -> None:
+        """Queue a batch task for whichever worker is idle first."""
+        self.queue.put(pickle.dumps(msg, protocol=_PROTOCOL))
+
+    def send_ctrl(self, worker_id: int, msg: tuple[Any, ...] | bytes) -> None:
+        """Send a message to one worker (epoch starts, iterable-dataset tasks, stop)."""
+        data = msg if isinstance(msg, bytes) else pickle.dumps(msg, protocol=_PROTOCOL)
         with contextlib.suppress(OSError, ValueError):
             self.ctrl[worker_id].send_bytes(data)
 
-    def drain_tasks(self) -> list[bytes]:
+    def drain_tasks(self) -> list[tuple[Any, ...]]:
         """Take back the tasks no worker has taken yet."""
-        return self.queue.drain()
+        return [pickle.loads(raw) for raw in self.queue.drain() if raw != STOP]
 
-    def wait(self, timeout: float) -> list[Any]:
-        """Result connections with data, or sentinels of dead workers, within ``timeout``."""
-        return mpc.wait(self.results + [p.sentinel for p in self.processes], timeout)
+    def receive(self, timeout: float) -> list[tuple[Any, ...]]:
+        """Worker messages that arrive within ``timeout`` (empty if none, or a worker died)."""
+        ready = mpc.wait(self.results + [p.sentinel for p in self.processes], timeout)
+        msgs = []
+        for conn in ready:
+            if conn in self.results:
+                with contextlib.suppress(EOFError, OSError):
+                    msgs.append(pickle.loads(conn.recv_bytes()))  # type: ignore[union-attr]
+        return msgs
+
+    def dead(self) -> list[tuple[int, int | None, int | None, list[tuple[Any, ...]]]]:
+        """Workers that exited: ``(worker id, pid, exit code, messages sent before dying)``."""
+        out = []
+        for i, proc in enumerate(self.processes):
+            if proc.exitcode is None:
+                continue
+            left: list[tuple[Any, ...]] = []
+            conn = self.results[i]
+            with contextlib.suppress(EOFError, OSError):
+                while conn.poll():
+                    left.append(pickle.loads(conn.recv_bytes()))
+            out.append((i, proc.pid, proc.exitcode, left))
+        return out
 
     def dump_stack(self, worker_id: int) -> str:
         """The Python stacks of a (hung) worker's threads, via faulthandler; "" if none."""

@@ -1,0 +1,239 @@
+"""Thread workers: the same dispatch as process workers, without pickling, IPC or copies.
+
+Decoding, resizing and most tensor operations release the GIL, so threads in the main process
+can do that work in parallel; batches then need no shared memory and the dataset is never
+copied into other processes (no copy-on-read growth). Each thread sees its own
+``torch.utils.data.get_worker_info()``. Limits: global random generators (``torch``,
+``random``, ``numpy``) are shared by all threads, so per-batch reseeding, which makes process
+workers' augmentations reproducible, is not done; pure-Python work does not run in parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from torch.utils.data._utils import worker as _torch_worker
+
+from stoker.workers import _collate
+from stoker.workers._errors import pack_exception
+from stoker.workers._fetch import BatchFetcher, SkipBatch
+from stoker.workers._loop import STOP, WorkerSpec
+from stoker.workers._status import IDLE
+
+__all__ = ["ThreadPool"]
+
+_local = threading.local()
+_patched = False
+_patch_lock = threading.Lock()
+
+
+def _thread_aware_get_worker_info() -> Any:  # pragma: no cover - body runs as torch's
+    info = getattr(_stoker_thread_info, "info", None)  # type: ignore[name-defined]  # noqa: F821
+    return info if info is not None else _worker_info  # type: ignore[name-defined]  # noqa: F821
+
+
+def _patch_get_worker_info() -> None:
+    """Make torch's ``get_worker_info`` answer per thread (every reference to it, at once).
+
+    Its code object is swapped for one that reads a thread-local first; its globals stay
+    torch's module, where the thread-local is published.
+    """
+    global _patched
+    with _patch_lock:
+        if _patched:
+            return
+        _torch_worker._stoker_thread_info = _local  # type: ignore[attr-defined]
+        _torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
+        _patched = True
+
+
+class _Status:
+    """The thread pool's status table (same interface as the shared-memory one)."""
+
+    def __init__(self, rows: int) -> None:
+        self._rows = [[0, IDLE, 0.0] for _ in range(rows)]
+
+    def begin(self, worker_id: int, epoch: int, task: int) -> None:
+        self._rows[worker_id] = [epoch, task, time.monotonic()]
+
+    def end(self, worker_id: int) -> None:
+        self._rows[worker_id][1] = IDLE
+
+    def task(self, worker_id: int) -> tuple[int, int, float]:
+        epoch, task, started = self._rows[worker_id]
+        return int(epoch), int(task), float(started)
+
+    def reset(self, worker_id: int) -> None:
+        self.end(worker_id)
+
+
+class _ThreadWorker:
+    def __init__(self, pool: ThreadPool, spec: WorkerSpec) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.fetcher: BatchFetcher | None = None
+        self.fetcher_error: BaseException | None = None
+        self.epoch = -1
+
+    def _new_fetcher(self) -> BatchFetcher:
+        spec = self.spec
+        return BatchFetcher(
+            self.pool.dataset,
+            iterable=spec.iterable,
+            auto_collation=spec.auto_collation,
+            collate_fn=self.pool.collate_fn,
+            drop_last=spec.drop_last,
+            on_error=spec.on_error,
+        )
+
+    def run(self) -> None:
+        spec, pool = self.spec, self.pool
+        _local.info = _torch_worker.WorkerInfo(
+            id=spec.worker_id, num_workers=spec.num_workers, seed=spec.seed, dataset=pool.dataset
+        )
+        if pool.worker_init_fn is not None:
+            try:
+                pool.worker_init_fn(spec.worker_id)
+            except BaseException as exc:
+                where = "running `worker_init_fn`"
+                pool.results.put(("F", spec.worker_id, pack_exception(exc, where, inline=True)))
+                return
+        if not spec.iterable:
+            self.fetcher = self._new_fetcher()
+        tasks = pool.ctrl[spec.worker_id] if spec.iterable else pool.tasks
+        while not pool.closed:
+            msg = tasks.get()
+            if msg == STOP:
+                return
+            if msg[0] == "E":
+                self.epoch = msg[1]
+                if spec.iterable:
+                    self.fetcher, self.fetcher_error = None, None
+                    try:
+                        self.fetcher = self._new_fetcher()
+                    except Exception as exc:
+                        self.fetcher_error = exc
+                continue
+            self.run_task(msg)
+
+    def run_task(self, msg: tuple[Any, ...]) -> None:
+        _, epoch, idx, seed, index = msg
+        wid, pool = self.spec.worker_id, self.pool
+        t0 = time.perf_counter()
+        pool.status.begin(wid, epoch, idx)
+        try:
+            if self.fetcher_error is not None:
+                error, self.fetcher_error = self.fetcher_error, None
+                raise error
+            if self.fetcher is None:
+                raise StopIteration
+            batch, failures = self.fetcher.fetch(index, seed)
+        except StopIteration:
+            pool.results.put(("Z", epoch, idx, wid))
+            return
+        except SkipBatch as skip:
+            pool.results.put(("K", epoch, idx, wid, skip.failures))
+            return
+        except Exception as exc:
+            where = "loading the samples at indices"
+            pool.results.put(("X", epoch, idx, wid, pack_exception(exc, where, inline=True)))
+            return
+        finally:
+            pool.status.end(wid)
+        busy = time.perf_counter() - t0
+        pool.results.put(("D", epoch, idx, wid, busy, None, [], batch, False, failures))
+
+
+class ThreadPool:
+    """Worker threads with the same interface as :class:`stoker.workers.WorkerPool`.
+
+    Args:
+        specs: one :class:`WorkerSpec` per worker.
+        payload: ``(dataset, collate_fn, worker_init_fn)``.
+    """
+
+    kind = "thread"
+
+    def __init__(self, specs: list[WorkerSpec], payload: tuple[Any, ...]) -> None:
+        _patch_get_worker_info()
+        _collate.install(None)  # no per-batch shared-memory segments in thread workers
+        self.specs = specs
+        self.dataset, self.collate_fn, self.worker_init_fn = payload
+        self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.ctrl: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in specs]
+        self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.status = _Status(len(specs))
+        self.closed = False
+        self.processes: list[threading.Thread] = [None] * len(specs)  # type: ignore[list-item]
+        self._reported: set[int] = set()
+        for spec in specs:
+            self._start(spec.worker_id)
+
+    def _start(self, worker_id: int) -> None:
+        worker = _ThreadWorker(self, self.specs[worker_id])
+        thread = threading.Thread(target=worker.run, name=f"stoker-worker-{worker_id}", daemon=True)
+        thread.start()
+        self.processes[worker_id] = thread
+
+    def restart(self, worker_id: int) -> None:
+        self._reported.discard(worker_id)
+        self._start(worker_id)
+
+    def put_task(self, msg: tuple[Any, ...]) -> None:
+        self.tasks.put(msg)
+
+    def send_ctrl(self, worker_id: int, msg: tuple[Any, ...] | bytes) -> None:
+        self.ctrl[worker_id].put(msg)
+
+    def drain_tasks(self) -> list[tuple[Any, ...]]:
+        out = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                msg = self.tasks.get_nowait()
+                if msg != STOP:
+                    out.append(msg)
+        return out
+
+    def receive(self, timeout: float) -> list[tuple[Any, ...]]:
+        try:
+            msgs = [self.results.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                msgs.append(self.results.get_nowait())
+        return msgs
+
+    def dead(self) -> list[tuple[int, int | None, int | None, list[tuple[Any, ...]]]]:
+        """Threads that ended without being asked (an error escaped the worker loop)."""
+        out: list[tuple[int, int | None, int | None, list[tuple[Any, ...]]]] = []
+        for i, thread in enumerate(self.processes):
+            if not thread.is_alive() and i not in self._reported:
+                self._reported.add(i)
+                out.append((i, None, 1, self.receive(0)))
+        return out
+
+    def dump_stack(self, worker_id: int) -> str:
+        ident = self.processes[worker_id].ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        if frame is None:
+            return ""
+        return f"Thread stoker-worker-{worker_id}:\n" + "".join(traceback.format_stack(frame))
+
+    def shutdown(self) -> None:
+        """Ask every thread to stop; threads stuck in user code are left to finish (daemon)."""
+        if self.closed:
+            return
+        self.closed = True
+        for i in range(len(self.specs)):
+            self.tasks.put(STOP)
+            self.ctrl[i].put(STOP)
+        for thread in self.processes:
+            if thread is not threading.current_thread():
+                thread.join(timeout=1.0)
