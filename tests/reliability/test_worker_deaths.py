@@ -1,0 +1,249 @@
+"""Workers killed by a signal: SIGKILL (the OOM killer), SIGSEGV, SIGBUS.
+
+Promises (issue 4): with ``max_worker_restarts`` a dead worker is reported with the signal's
+name and likely cause, respawned, and the batches it held are loaded again, so every sample
+arrives exactly once (``Counter(indices) == Counter(range(N))``) with the same contents as an
+uninterrupted run; with 0 restarts a ``stoker.WorkerError`` naming the signal is raised within
+about a second of the death.
+
+The deaths are real: SIGSEGV is a native null read, SIGBUS a touch of a mapping past the end
+of a truncated file, SIGKILL a signal from the worker itself or from the main process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _faulty import DieOnceDataset, RandomDataset, SlowDataset, indices_of
+from _isolate import run_case
+
+import stoker
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 48
+BATCH = 4
+WORKERS = 2
+# A death must be reported within this many seconds (promise: about one; measured values
+# are printed with `-s` and go into the report, the bound is generous for a loaded CI box).
+REPORT_WITHIN_S = 5.0
+SIGNALS = ["SIGKILL", "SIGSEGV", "SIGBUS"]
+CAUSE = {
+    "SIGKILL": "out-of-memory",
+    "SIGSEGV": "segmentation fault",
+    "SIGBUS": "shared-memory",
+}
+
+
+def _rows(batch: Any) -> list[tuple[int, int]]:
+    return list(zip(batch[0].tolist(), batch[1].tolist(), strict=True))
+
+
+def _loader(dataset: Any, workers: int, **kwargs: Any) -> stoker.DataLoader:
+    if workers:
+        kwargs.setdefault("multiprocessing_context", "fork")
+    return stoker.DataLoader(dataset, batch_size=BATCH, num_workers=workers, **kwargs)
+
+
+def _reference(epochs: int, seed: int) -> list[list[list[tuple[int, int]]]]:
+    """Batches of an uninterrupted ``num_workers=0`` run, per epoch."""
+    loader = _loader(RandomDataset(N), 0, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    return [[_rows(b) for b in loader] for _ in range(epochs)]
+
+
+# -- cases (run in a forked child) -----------------------------------------------------------
+
+
+def case_respawn(
+    how: str, at: list[int], restarts: int, in_order: bool, marker_dir: str, epochs: int = 2
+) -> dict[str, Any]:
+    seed = 3
+    dataset = DieOnceDataset(N, at, how, marker_dir)  # type: ignore[arg-type]
+    loader = _loader(
+        dataset,
+        WORKERS,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        in_order=in_order,
+        max_worker_restarts=restarts,
+    )
+    got = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(epochs):
+            got.append([_rows(b) for b in loader])
+    stats = loader.stats()
+    del loader
+    return {
+        "got": got,
+        "reference": _reference(epochs, seed),
+        "warnings": [(w.category.__name__, str(w.message)) for w in caught],
+        "restarts": stats.worker_restarts,
+        "deaths": dataset.deaths(),
+    }
+
+
+def case_no_restart(how: str, marker_dir: str) -> dict[str, Any]:
+    dataset = DieOnceDataset(N, [21], how, marker_dir, always=True)  # type: ignore[arg-type]
+    loader = _loader(dataset, WORKERS)
+    delivered = []
+    error: dict[str, Any] = {}
+    try:
+        for batch in loader:
+            delivered.extend(indices_of([batch]))
+    except BaseException as exc:  # noqa: BLE001 - the type is what the test checks
+        caught_at = time.time()
+        error = {
+            "type": type(exc).__name__,
+            "is_worker_error": isinstance(exc, stoker.WorkerError),
+            "is_runtime_error": isinstance(exc, RuntimeError),
+            "message": str(exc),
+            "caught_at": caught_at,
+        }
+    del loader
+    return {"delivered": delivered, "error": error, "deaths": dataset.deaths()}
+
+
+def case_restarts_run_out(marker_dir: str) -> dict[str, Any]:
+    dataset = DieOnceDataset(N, [21], "SIGKILL", marker_dir, always=True)
+    loader = _loader(dataset, WORKERS, max_worker_restarts=2)
+    error = ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            indices_of(loader)
+        except stoker.WorkerError as exc:
+            error = str(exc)
+    restarts = loader.stats().worker_restarts
+    del loader
+    return {"error": error, "restarts": restarts, "warnings": [str(w.message) for w in caught]}
+
+
+def case_killed_from_outside(victim: int, after: int) -> dict[str, Any]:
+    """SIGKILL a busy worker from the main process (as the OOM killer would), mid-epoch."""
+    loader = _loader(SlowDataset(N, 0.01), WORKERS, max_worker_restarts=1)
+    seen = []
+    killed = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k, batch in enumerate(loader):
+            seen.extend(indices_of([batch]))
+            if k == after:
+                killed = loader.stats().workers[victim].pid
+                assert killed is not None
+                os.kill(killed, signal.SIGKILL)
+        second = indices_of(loader)
+    restarts = loader.stats().worker_restarts
+    del loader
+    return {
+        "first": seen,
+        "second": second,
+        "killed": killed,
+        "restarts": restarts,
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+def test_dead_worker_is_respawned_and_nothing_is_lost_or_repeated(
+    how: str, tmp_path: Path
+) -> None:
+    run = run_case(
+        case_respawn, how=how, at=[13], restarts=1, in_order=True, marker_dir=str(tmp_path)
+    )
+    r = run.result
+    assert list(r["deaths"]) == [13], "the fault did not fire"
+    dead_pid = r["deaths"][13][0]
+    for got in r["got"]:
+        assert Counter(i for batch in got for i, _ in batch) == Counter(range(N))
+    # Same batches, same order, same random draws as an uninterrupted single-process run.
+    assert r["got"] == r["reference"]
+    assert r["restarts"] == 1
+    runtime = [m for cat, m in r["warnings"] if cat == "RuntimeWarning"]
+    assert len(runtime) == 1, r["warnings"]
+    assert how in runtime[0] and str(dead_pid) in runtime[0], runtime[0]
+    assert CAUSE[how] in runtime[0].replace("out of memory", "out-of-memory").replace(
+        "shared memory", "shared-memory"
+    ), runtime[0]
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_two_deaths_in_one_epoch_with_two_restarts(in_order: bool, tmp_path: Path) -> None:
+    run = run_case(
+        case_respawn,
+        how="SIGKILL",
+        at=[5, 30],
+        restarts=2,
+        in_order=in_order,
+        marker_dir=str(tmp_path),
+        epochs=1,
+    )
+    r = run.result
+    assert sorted(r["deaths"]) == [5, 30]
+    got = r["got"][0]
+    assert Counter(i for batch in got for i, _ in batch) == Counter(range(N))
+    # Out of order or not, every batch is the reference's batch (contents and randomness).
+    assert sorted(map(tuple, got)) == sorted(map(tuple, r["reference"][0]))
+    if in_order:
+        assert got == r["reference"][0]
+    assert r["restarts"] == 2
+
+
+def test_worker_killed_from_outside_is_replaced() -> None:
+    r = run_case(case_killed_from_outside, victim=0, after=3).result
+    assert r["killed"] is not None
+    assert Counter(r["first"]) == Counter(range(N))
+    assert Counter(r["second"]) == Counter(range(N))
+    assert r["restarts"] == 1
+    assert any("SIGKILL" in m and str(r["killed"]) in m for m in r["warnings"]), r["warnings"]
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+def test_death_without_restarts_raises_worker_error_fast(how: str, tmp_path: Path) -> None:
+    run = run_case(case_no_restart, how=how, marker_dir=str(tmp_path))
+    r = run.result
+    assert r["error"], f"no error raised; delivered {len(r['delivered'])} samples"
+    err = r["error"]
+    assert err["is_worker_error"] and err["is_runtime_error"], err
+    dead_pid, died_at = r["deaths"][21]
+    latency = err["caught_at"] - died_at
+    print(f"\n{how}: WorkerError {latency * 1000:.0f} ms after the death")
+    assert latency < REPORT_WITHIN_S
+    message = err["message"]
+    assert how in message and str(dead_pid) in message, message
+    assert "max_worker_restarts" in message, message
+    assert CAUSE[how] in message.replace("out of memory", "out-of-memory").replace(
+        "shared memory", "shared-memory"
+    ), message
+    # Nothing delivered twice before the error.
+    assert len(r["delivered"]) == len(set(r["delivered"]))
+
+
+def test_sigbus_report_names_free_shared_memory(tmp_path: Path) -> None:
+    """Issue 4: SIGBUS is reported as shared memory exhausted, *with /dev/shm free bytes*."""
+    r = run_case(case_no_restart, how="SIGBUS", marker_dir=str(tmp_path)).result
+    message = r["error"]["message"]
+    assert "/dev/shm" in message, message
+    amount = re.search(r"\d+(\.\d+)? ?(bytes|[KMGT]i?B|B)\b", message)
+    assert amount and "free" in message.lower(), (
+        f"the SIGBUS report does not say how much shared memory is free: {message}"
+    )
+
+
+def test_restarts_run_out_then_worker_error(tmp_path: Path) -> None:
+    r = run_case(case_restarts_run_out, marker_dir=str(tmp_path)).result
+    assert r["restarts"] == 2
+    assert len(r["warnings"]) == 2, r["warnings"]
+    assert "SIGKILL" in r["error"] and "max_worker_restarts" in r["error"], r["error"]
