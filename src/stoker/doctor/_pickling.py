@@ -8,9 +8,11 @@ object graph is walked to name the deepest attribute that cannot be pickled, e.g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import pickle
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +20,7 @@ from stoker.doctor._finding import Finding, Severity
 from stoker.doctor._handles import handle_kind
 from stoker.doctor._subject import Subject
 
-__all__ = ["check_pickling", "locate_unpicklable"]
+__all__ = ["check_pickling", "cloud_dumps", "describe_object", "locate_unpicklable"]
 
 # How deep the search for the offending attribute goes, and how many items of a container it
 # tries (the culprit is usually in every item, or in the first few).
@@ -54,7 +56,8 @@ def _std_dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _cloud_dumps(obj: Any) -> bytes:
+def cloud_dumps(obj: Any) -> bytes:
+    """``obj`` pickled as stoker sends it to spawn/forkserver workers (tensors left out)."""
     import cloudpickle
 
     class _CloudPickler(cloudpickle.CloudPickler):
@@ -66,7 +69,19 @@ def _cloud_dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+def _function_parts(fn: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """What cloudpickle stores with a function it pickles by value: closure cells, globals."""
+    code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+        with contextlib.suppress(ValueError):  # an empty cell
+            yield f"{path}.<closure {name}>", cell.cell_contents
+    fn_globals = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in fn_globals and not isinstance(fn_globals[name], types.ModuleType):
+            yield f"{path}.<global {name}>", fn_globals[name]
+
+
+def _children(obj: Any, path: str, into_functions: bool) -> Iterator[tuple[str, Any]]:
     if isinstance(obj, dict):
         for i, (key, value) in enumerate(obj.items()):
             if i >= SEARCH_ITEMS:
@@ -86,8 +101,17 @@ def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield f"{path}.args[{i}]", value
         for key, value in obj.keywords.items():
             yield f"{path}.keywords[{key!r}]", value
+    elif isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
+        owner = obj.__self__
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            yield f"{path}.__self__", owner
+        if isinstance(obj, types.MethodType):
+            yield f"{path}.__func__", obj.__func__
     elif callable(obj) and hasattr(obj, "__code__"):
-        return  # a function: its closure is reported as the function itself
+        # pickle stores a function by name: its closure is reported as the function itself;
+        # cloudpickle stores a lambda/local function by value, closure and globals included
+        if into_functions:
+            yield from _function_parts(obj, path)
     else:
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
@@ -107,24 +131,43 @@ def _fails(obj: Any, dumps: Dumps) -> BaseException | None:
 
 
 def locate_unpicklable(
-    obj: Any, path: str, dumps: Dumps = _std_dumps, _depth: int = 0
+    obj: Any,
+    path: str,
+    dumps: Dumps = _std_dumps,
+    _depth: int = 0,
+    *,
+    into_functions: bool | None = None,
 ) -> tuple[str, Any, BaseException] | None:
     """The deepest part of ``obj`` that fails to pickle, as (attribute path, object, error).
 
-    Returns None when ``obj`` pickles.
+    Args:
+        obj: the object to pickle.
+        path: its name, the start of every reported path (``"dataset"``).
+        dumps: the pickler: the standard one (default, as torch) or :func:`cloud_dumps`.
+        into_functions: also search a failing function's closure and globals (what cloudpickle
+            stores by value). Default: only when ``dumps`` is :func:`cloud_dumps`.
+
+    Returns:
+        ``(path, object, error)``, e.g. ``("dataset.transform.steps[2].handle", <file>,
+        TypeError(...))``, or None when ``obj`` pickles.
     """
+    if into_functions is None:
+        into_functions = dumps is cloud_dumps
     error = _fails(obj, dumps)
     if error is None:
         return None
     if _depth < SEARCH_DEPTH:
-        for child_path, child in _children(obj, path):
-            found = locate_unpicklable(child, child_path, dumps, _depth + 1)
+        for child_path, child in _children(obj, path, into_functions):
+            found = locate_unpicklable(
+                child, child_path, dumps, _depth + 1, into_functions=into_functions
+            )
             if found is not None:
                 return found
     return path, obj, error
 
 
-def _describe(obj: Any) -> str:
+def describe_object(obj: Any) -> str:
+    """What ``obj`` is, for a message: a lambda/function with its definition line, or a type."""
     code = getattr(obj, "__code__", None)
     if code is not None:
         qualname = getattr(obj, "__qualname__", getattr(obj, "__name__", "?"))
@@ -150,7 +193,7 @@ def check_pickling(subject: Subject, facts: dict[str, Any]) -> list[Finding]:
 
     Records ``dataset_pickle_bytes`` in ``facts`` when the dataset pickles.
     """
-    dumps = _cloud_dumps if subject.is_stoker else _std_dumps
+    dumps = cloud_dumps if subject.is_stoker else _std_dumps
     pickler = "cloudpickle" if subject.is_stoker else "pickle"
     spawning = subject.start_method in ("spawn", "forkserver")
     findings: list[Finding] = []
@@ -183,7 +226,7 @@ def check_pickling(subject: Subject, facts: dict[str, Any]) -> list[Finding]:
                 "SK101",
                 severity,
                 f"`{path}` cannot be pickled for spawn/forkserver workers",
-                f"`{path}` is {_describe(obj)}; {pickler} fails with "
+                f"`{path}` is {describe_object(obj)}; {pickler} fails with "
                 f"{type(error).__name__}: {str(error)[:160]}",
                 "Workers started by spawn or forkserver receive the dataset, `collate_fn` and "
                 "`worker_init_fn` by pickle. Lambdas, nested functions, open files, locks, "
