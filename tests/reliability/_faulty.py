@@ -126,13 +126,20 @@ class FailingCollate:
 
 
 class FailingWorkerInit:
-    """A ``worker_init_fn`` that raises in worker ``worker`` (every worker when None)."""
+    """A ``worker_init_fn`` that raises in worker ``worker`` (every worker when None).
 
-    def __init__(self, worker: int | None = None) -> None:
+    Args:
+        worker: the worker that fails, or None for all.
+        delay_s: seconds the failing call takes before raising (a slow connection attempt).
+    """
+
+    def __init__(self, worker: int | None = None, delay_s: float = 0.0) -> None:
         self.worker = worker
+        self.delay_s = delay_s
 
     def __call__(self, worker_id: int) -> None:
         if self.worker is None or worker_id == self.worker:
+            time.sleep(self.delay_s)
             raise SampleError(f"worker_init_fn refuses worker {worker_id}")
 
 
