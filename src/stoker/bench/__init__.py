@@ -21,8 +21,9 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import Any
 
 from stoker.bench._harness import Plan, Progress, bench_workload
@@ -55,6 +56,15 @@ __all__ = [
 
 QUICK_GRID_WORKERS = (0, 1, 2, 4)
 PREFETCH_GRID = (2, 4)
+QUICK_REPEATS = 3
+FULL_REPEATS = 5
+# Seconds per timed run, warm-up, grid run and ideal measurement (tests shrink them).
+QUICK_TIMINGS: Mapping[str, float] = MappingProxyType(
+    {"run_s": 0.4, "warmup_s": 0.05, "grid_run_s": 0.2, "ideal_s": 0.25}
+)
+FULL_TIMINGS: Mapping[str, float] = MappingProxyType(
+    {"run_s": 3.0, "warmup_s": 0.5, "grid_run_s": 1.0, "ideal_s": 1.5}
+)
 
 
 def _grid_workers(cores: int, quick: bool) -> tuple[int, ...]:
@@ -93,37 +103,25 @@ def make_plan(
 
     n = cores or usable_cores()
     grid = _grid_workers(n, quick)
+    timings = QUICK_TIMINGS if quick else FULL_TIMINGS
     if quick:
         note = (
             f"quick mode: torch grid reduced to num_workers in {{{', '.join(map(str, grid))}}}"
             f" x prefetch_factor {{2, 4}} with short runs (full grid: 0 to {4 * n})"
         )
-        return Plan(
-            repeats=repeats or 3,
-            run_s=0.5,
-            warmup_s=0.1,
-            grid_run_s=0.25,
-            ideal_s=0.3,
-            grid_workers=grid,
-            grid_prefetch=PREFETCH_GRID,
-            grid_note=note,
-            stoker_workers=n,
-            cores=n,
-            multiprocessing_context=multiprocessing_context,
+    else:
+        note = (
+            f"torch grid: num_workers in {{{', '.join(map(str, grid))}}} x prefetch_factor {{2, 4}}"
         )
-    note = f"torch grid: num_workers in {{{', '.join(map(str, grid))}}} x prefetch_factor {{2, 4}}"
     return Plan(
-        repeats=repeats or 5,
-        run_s=3.0,
-        warmup_s=0.5,
-        grid_run_s=1.0,
-        ideal_s=1.5,
+        repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,
         grid_note=note,
         stoker_workers=n,
         cores=n,
         multiprocessing_context=multiprocessing_context,
+        **timings,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["configure", "load_factory", "run"]
 
-WORKLOAD_NAMES = ("tiny", "large", "jpeg", "heavytail", "io", "memory", "epochs")
+WORKLOAD_NAMES = ("tiny", "large", "jpeg", "heavytail", "io", "memory", "epochs", "shards")
 DEFAULT_USER_BATCH = 64
 
 
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from stoker import bench
-    from stoker.bench._report import render, write_json
+    from stoker.bench._report import PLAIN_WIDTH, render, write_json
     from stoker.bench._workloads import Workload
     from stoker.errors import ConfigError
 
@@ -183,7 +183,10 @@ def run(args: argparse.Namespace) -> int:
                 multiprocessing_context=args.start_method,
                 progress=progress,
             )
-        render(result, Console())
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=PLAIN_WIDTH)
+        render(result, out)
         if args.json:
             write_json(result, args.json)
             err.print(f"wrote {args.json}")

@@ -52,7 +52,10 @@ __all__ = [
 # Seconds a child process may take to exit after its loader is closed.
 CHILD_EXIT_S = 5.0
 CHILD_POLL_S = 0.02
-# Samples a time-bounded run's sampler can draw (it stops at the time limit long before).
+# A time-bounded run's sampler holds this many times the samples the ideal rate would
+# deliver in the run time (the run stops at the time limit long before it runs out).
+RUN_SAMPLES_HEADROOM = 10
+# Indices the ideal's measurement may draw.
 ENDLESS_SAMPLES = 10**8
 # Batches the ideal's single-process measurement times at least.
 IDEAL_MIN_BATCHES = 3
@@ -123,37 +126,43 @@ class SeededSampler(tud.Sampler[int]):
     """Random indices (without replacement within each pass over the dataset).
 
     The n-th ``iter()`` draws from a generator seeded with ``(seed, n)``, so every contender
-    sees the same sequence for its warm-up and for its timed run.
+    sees the same sequence for its warm-up and for its timed run. The first ``iter()`` (the
+    warm-up) yields ``first_samples`` indices, later ones ``num_samples``; ``len()`` is the
+    length of the next ``iter()``.
 
     Args:
         n: dataset length (>= 1).
-        num_samples: indices one ``iter()`` yields.
+        num_samples: indices each ``iter()`` after the first yields.
         seed: base seed.
+        first_samples: indices the first ``iter()`` yields. Default ``num_samples``.
     """
 
-    def __init__(self, n: int, num_samples: int, seed: int) -> None:
+    def __init__(self, n: int, num_samples: int, seed: int, first_samples: int | None = None):
         if n < 1:
             raise ConfigError(f"the dataset must hold at least one sample. Found: {n!r}.")
         self.n, self.num_samples, self.seed = n, num_samples, seed
+        self.first_samples = num_samples if first_samples is None else first_samples
         self._iters = 0
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.first_samples if self._iters == 0 else self.num_samples
 
     def __iter__(self) -> Iterator[int]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self._iters)
+        left = len(self)
         self._iters += 1
-        left = self.num_samples
         while left > 0:
             perm = torch.randperm(self.n, generator=gen)[:left].tolist()
             left -= len(perm)
             yield from perm
 
 
-def _sampler(dataset: Any, workload: Workload, seed: int) -> SeededSampler | None:
+def _sampler(
+    dataset: Any, workload: Workload, seed: int, samples: int, warmup: int | None
+) -> SeededSampler | None:
     if isinstance(dataset, tud.IterableDataset):
         return None
-    return SeededSampler(len(dataset), workload.samples_per_run or ENDLESS_SAMPLES, seed)
+    return SeededSampler(len(dataset), workload.samples_per_run or samples, seed, warmup)
 
 
 def measure_ideal(dataset: Any, workload: Workload, cores: int, seconds: float) -> Ideal:
@@ -229,27 +238,29 @@ def _timed_run(
     *,
     seed: int,
     run_s: float,
-    warmup: bool,
+    ideal: Ideal,
 ) -> RunSample:
-    """Build, warm up, time one run (or ``workload.epochs`` epochs), shut down."""
+    """Build, warm up, time one run (or ``workload.epochs`` epochs), shut down.
+
+    The warm-up (``steady`` mode) is a complete short pass of ``num_workers + 1`` batches, so
+    that no warm-up work is still in flight when the timed pass starts.
+    """
     baseline = TreeMeter.children_now()
-    loader = build_loader(
-        spec,
-        dataset,
-        workload.batch_size,
-        _sampler(dataset, workload, seed),
-        plan.multiprocessing_context,
-    )
+    steady = workload.mode == "steady"
+    bs = workload.batch_size
+    if steady:
+        samples = max(8 * bs, int(ideal.samples_per_s * run_s * RUN_SAMPLES_HEADROOM))
+        warmup: int | None = bs * (spec.num_workers + 1)
+    else:  # one epoch = one pass over the dataset
+        samples, warmup = (0 if isinstance(dataset, tud.IterableDataset) else len(dataset)), None
+    sampler = _sampler(dataset, workload, seed, samples, warmup)
+    loader = build_loader(spec, dataset, bs, sampler, plan.multiprocessing_context)
     min_batches = max(1, spec.num_workers) + 2
     time_bound = run_s if workload.samples_per_run is None else None
     try:
-        if warmup and workload.mode == "steady":
-            _iterate(
-                loader,
-                min_batches=max(2, spec.num_workers + 1),
-                seconds=plan.warmup_s,
-                t0=time.perf_counter(),
-            )
+        if steady:
+            warm_s = plan.warmup_s if sampler is None else None  # iterable: warm up by time
+            _iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter())
         epochs = workload.epochs if workload.mode == "epochs" else 1
         firsts: list[float] = []
         samples = batches = 0
@@ -291,12 +302,14 @@ def _describe(exc: BaseException) -> str:
     return first_line[:200]
 
 
-def _search_grid(dataset: Any, workload: Workload, plan: Plan, progress: Report) -> list[GridPoint]:
+def _search_grid(
+    dataset: Any, workload: Workload, plan: Plan, ideal: Ideal, progress: Report
+) -> list[GridPoint]:
     points = []
     for spec in plan.grid():
         try:
             run = _timed_run(
-                spec, dataset, workload, plan, seed=0, run_s=plan.grid_run_s, warmup=True
+                spec, dataset, workload, plan, seed=0, run_s=plan.grid_run_s, ideal=ideal
             )
             point = GridPoint(spec.num_workers, spec.prefetch_factor, run.samples_per_s)
         except Exception as exc:  # a configuration that fails is reported, not fatal
@@ -371,7 +384,7 @@ def bench_workload(
         report(f"{workload.name}: skipped ({_describe(exc)})", 1)
         return WorkloadResult(**base, ideal=None, contenders=(), error=_describe(exc))
     report(f"{workload.name}: ideal {ideal.samples_per_s:,.0f} samples/s", 1)
-    grid = _search_grid(dataset, workload, plan, report) if workload.mode == "steady" else []
+    grid = _search_grid(dataset, workload, plan, ideal, report) if workload.mode == "steady" else []
     specs, notes = _contenders(workload, plan, grid)
     runs: dict[int, list[RunSample]] = {i: [] for i in range(len(specs))}
     errors: dict[int, str] = {}
@@ -384,7 +397,7 @@ def bench_workload(
                 continue
             try:
                 sample = _timed_run(
-                    spec, dataset, workload, plan, seed=r + 1, run_s=plan.run_s, warmup=True
+                    spec, dataset, workload, plan, seed=r + 1, run_s=plan.run_s, ideal=ideal
                 )
             except Exception as exc:  # reported in the table; the others still run
                 errors[i] = _describe(exc)

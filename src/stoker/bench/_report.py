@@ -57,11 +57,26 @@ SCHEMA = "stoker.bench/1"
 # Ratios closer than this to 1.0 read "on par".
 PAR_BAND = 0.03
 BEST_TEXT = "torch's best here"
+_COLUMNS = (
+    "contender",
+    "role",
+    "samples/s",
+    "±",
+    "x best",
+    "x same",
+    "% ideal",
+    "main ms/batch",
+    "CPU s/1k",
+    "PSS MiB",
+    "1st batch ms",
+)
+# Width of the table when the output is not a terminal.
+PLAIN_WIDTH = 150
 _ROLE_TEXT = {
     "torch-nw0": "no workers",
     "torch-recommended": "seed-recommended",
-    "torch-same": "same workers as stoker",
-    "torch-best": "torch's best (grid)",
+    "torch-same": "same nw as stoker",
+    "torch-best": "torch's best",
     "stoker": "defaults",
     "optional": "optional",
     "torch-other": "",
@@ -128,22 +143,13 @@ def _table(w: WorkloadResult) -> Any:
     table = Table(
         title=f"[bold]{w.name}[/]: {w.description}",
         title_justify="left",
-        show_lines=False,
         header_style="bold",
     )
-    table.add_column("contender")
-    table.add_column("role")
-    table.add_column("samples/s", justify="right")
-    table.add_column("±", justify="right")
-    table.add_column("vs torch best", justify="right")
-    table.add_column("vs same nw", justify="right")
-    table.add_column("% ideal", justify="right")
-    table.add_column("main CPU ms/batch", justify="right")
-    table.add_column("CPU s/1k samples", justify="right")
-    table.add_column("PSS MiB", justify="right")
-    table.add_column(
-        "1st batch ms" if w.mode == "steady" else "1st batch ms per epoch", justify="right"
-    )
+    for header in _COLUMNS:
+        left = header in ("contender", "role")
+        table.add_column(header, justify="left" if left else "right", no_wrap=True)
+    if w.mode == "epochs":
+        table.columns[-1].header = "1st batch ms/epoch"
     for c in w.contenders:
         role = ", ".join(t for t in (_ROLE_TEXT.get(r, r) for r in c.roles) if t)
         name = f"[bold]{c.name}[/]" if c.library == "stoker" else c.name
@@ -201,6 +207,12 @@ def render(result: BenchResult, console: Any = None) -> None:
         for note in w.notes:
             out.print(f"  {note}", style="dim")
     out.print()
+    out.print(
+        "x best / x same: samples/s relative to torch's best and to torch at stoker's "
+        "num_workers; main ms/batch: CPU of the main process per batch; CPU s/1k: CPU "
+        "seconds of main + workers per 1,000 samples.",
+        style="dim",
+    )
     out.print(
         "± is half the range of the repeats; torch configurations with workers use "
         "persistent_workers=True unless marked fresh; PSS is main process + workers "

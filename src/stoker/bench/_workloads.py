@@ -36,7 +36,11 @@ __all__ = [
 CACHE_ENV = "STOKER_CACHE"
 PAGE_BYTES = 4096
 # Modules that register built-in workloads when imported (add yours here).
-_BUILTIN_MODULES: tuple[str, ...] = ("stoker.bench._synthetic", "stoker.bench._jpeg")
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "stoker.bench._synthetic",
+    "stoker.bench._jpeg",
+    "stoker.bench._shards",
+)
 
 Mode = Literal["steady", "epochs"]
 _MODES: tuple[str, ...] = ("steady", "epochs")
