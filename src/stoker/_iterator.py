@@ -11,6 +11,7 @@ it is deleted, garbage-collected, or the interpreter exits.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import itertools
 import multiprocessing as mp
@@ -24,6 +25,7 @@ import torch
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
+from stoker._autotune import Controller, Observation
 from stoker._dispatch import TaskBook
 from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
@@ -48,6 +50,12 @@ WAIT_SLICE_S = 0.5
 SHM_BUDGET_FRACTION = 0.5
 # Every worker may hold at least this many bytes of slots, whatever the free space says.
 MIN_SLOT_BUDGET = 64 << 20
+# num_workers="auto": seconds between controller decisions, the most workers per usable core,
+# and the memory that must stay available to add one.
+CONTROL_INTERVAL_S = 0.2
+MAX_WORKERS_PER_CORE = {"process": 8, "thread": 16}
+MAX_AUTO_WORKERS = 64
+RAM_RESERVE_BYTES = 1 << 30
 _PROTOCOL = 5
 _POOL_IDS = itertools.count()
 _LIVE: weakref.WeakSet[MultiWorkerIterator] = weakref.WeakSet()
@@ -86,8 +94,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         self._all_changes: dict[tuple[str, ...], Any] = {}
         self._last_set_epoch: int | None = None
         self._started = time.monotonic()
-        self._worker_batches = [0] * self._num_workers
-        self._worker_busy = [0.0] * self._num_workers
+        self._worker_batches: collections.Counter[int] = collections.Counter()
+        self._worker_busy: collections.Counter[int] = collections.Counter()
         self._wait_s = 0.0
         self._samples = 0
         self._failed_samples = 0
@@ -117,12 +125,30 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             for i in range(n)
         ]
         payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
-        self._backend = loader.backend
+        self._backend = loader._resolved_backend
+        self._notes: list[str] = list(loader._backend_notes)
+        self._controller: Controller | None = None
+        capacity = n
+        if loader._auto_workers and not self._iterable:
+            per_core = MAX_WORKERS_PER_CORE.get(self._backend, 8)
+            capacity = min(MAX_AUTO_WORKERS, per_core * usable_cores())
+            self._controller = Controller(
+                start=n,
+                max_workers=capacity,
+                prefetch=self._prefetch,
+                tune_prefetch=loader._auto_prefetch,
+            )
         if self._backend == "thread":
-            self._pool = ThreadPool(specs, payload)
+            self._pool = ThreadPool(specs, payload, capacity=capacity)
         else:
-            self._pool = WorkerPool(ctx, specs, payload)
+            self._pool = WorkerPool(ctx, specs, payload, capacity=capacity)
         self._workers = self._pool.processes
+        self._ctl_last = (time.monotonic(), 0.0, 0.0, 0.0, 0)  # time, wait, busy, cpu, batches
+        self._ctl_idle = _idle_seconds()
+        self._ctl_latencies: list[float] = []
+        self._ctl_settled = time.monotonic() + CONTROL_INTERVAL_S  # start-up is not measured
+        self._retiring = 0
+        self._cpu_procs: dict[int, Any] = {}
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
@@ -161,6 +187,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         )
         loader._epoch_state = self._state
         self._book = TaskBook(self._in_order)
+        self._retiring = 0  # a retire request drained with the old tasks is void
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
@@ -177,7 +204,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._last_set_epoch = loader._epoch_request
         start = self._epoch_message(changes, loader._epoch_request)
         loader._epoch_request = None
-        for i in range(self._num_workers):
+        for i in pool.active:
             pool.send_ctrl(i, start)
         self._fill()
 
@@ -205,7 +232,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             return
         book = self._book
         delivered = self._state.delivered if self._state is not None else ()
-        limit = self._prefetch * self._num_workers
+        limit = self._prefetch * len(pool.active)
         while not self._sampler_done and book.outstanding < limit:
             worker = None
             if self._iterable:
@@ -242,6 +269,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             if got is not None:
                 self._fill()
                 self._wait_s += time.perf_counter() - t0
+                if self._controller is not None:
+                    self._control()
                 return self._deliver(*got)
             if book.outstanding == 0 and self._sampler_done:
                 self._wait_s += time.perf_counter() - t0
@@ -285,7 +314,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             pending[0] if pending else None,
             None,
         )
-        for i in range(self._num_workers):
+        for i in pool.active:
             epoch, task, started = pool.status.task(i)
             if task != IDLE and epoch == self._epoch and task in pending:
                 if best[0] is None or task < (best[1] if best[1] is not None else task + 1):
@@ -342,7 +371,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         # with the dead worker and go back on the queue (a duplicate reply is ignored).
         queued = pool.drain_tasks()
         busy = set()
-        for i in range(self._num_workers):
+        for i in pool.active:
             if i != worker_id:
                 epoch, task, _ = pool.status.task(i)
                 if task != IDLE and epoch == self._epoch:
@@ -359,6 +388,79 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         for m in sorted(redo, key=lambda m: m[2]):
             pool.put_task(m)
 
+    def _cpu_seconds(self) -> float:
+        """CPU time of the main process and live workers (threads: the process)."""
+        import psutil
+
+        pool = self._pool
+        assert pool is not None
+        pids = [os.getpid()]
+        if self._backend == "process":
+            pids += [p for i in pool.active if (p := _pid(pool.processes[i])) is not None]
+        total = 0.0
+        for pid in pids:
+            proc = self._cpu_procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._cpu_procs[pid] = psutil.Process(pid)
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                self._cpu_procs.pop(pid, None)
+        return total
+
+    def _control(self) -> None:
+        """One step of the ``num_workers="auto"`` controller, at most every interval."""
+        now = time.monotonic()
+        t_last, wait_last, busy_last, cpu_last, batches_last = self._ctl_last
+        if now - t_last < CONTROL_INTERVAL_S:
+            return
+        pool, ctl = self._pool, self._controller
+        assert pool is not None and ctl is not None
+        import psutil
+
+        busy_total = float(sum(self._worker_busy.values()))
+        cpu = self._cpu_seconds()
+        delivered = self._book.delivered
+        lat = sorted(self._ctl_latencies)
+        self._ctl_latencies = []
+        obs = Observation(
+            wall_s=now - t_last,
+            wait_s=max(0.0, self._wait_s - wait_last),
+            busy_s=max(0.0, busy_total - busy_last),
+            cpu_s=max(0.0, cpu - cpu_last) if cpu_last else None,
+            workers=len(pool.active) - self._retiring,
+            cores=usable_cores(),
+            latency_p50_s=lat[len(lat) // 2] if lat else None,
+            latency_p95_s=lat[int(len(lat) * 0.95)] if lat else None,
+            memory_ok=psutil.virtual_memory().available > RAM_RESERVE_BYTES,
+            batches=max(0, delivered - batches_last),
+            settling=t_last < self._ctl_settled,
+        )
+        idle = _idle_seconds()
+        if idle is not None and self._ctl_idle is not None:
+            obs = Observation(
+                **{**obs.__dict__, "idle_cores": (idle - self._ctl_idle) / obs.wall_s}
+            )
+        self._ctl_idle = idle
+        self._ctl_last = (now, self._wait_s, busy_total, cpu, delivered)
+        decision = ctl.observe(obs)
+        if decision is None:
+            return
+        self._notes.append(f"{now - self._started:.1f}s: {decision.reason}")
+        if decision.workers != obs.workers:
+            self._ctl_settled = now + CONTROL_INTERVAL_S / 2
+        self._prefetch = decision.prefetch
+        running = len(pool.active) - self._retiring
+        for _ in range(decision.workers - running):
+            worker_id = pool.add()
+            pool.send_ctrl(worker_id, self._catch_up_message())
+        for _ in range(running - decision.workers):
+            pool.retire()
+            self._retiring += 1
+        self._workers = pool.processes
+        self._fill()
+
     def _catch_up_message(self) -> tuple[Any, ...]:
         """An epoch message carrying every change since the pool started (for a new worker)."""
         changes = list(self._all_changes.items())
@@ -372,10 +474,18 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._shutdown()
             raise unpack_exception(packed, worker_id, pid, None)
         epoch, idx, wid = msg[1], msg[2], msg[3]
+        if kind == "R":  # a worker retired on request (num_workers="auto")
+            pool = self._pool
+            if pool is not None:
+                pool.retired_worker(wid)
+            self._retiring = max(0, self._retiring - 1)
+            return
         if kind == "D":
             self._slots.forget(msg[6])
             self._worker_batches[wid] += 1
             self._worker_busy[wid] += msg[4]
+            if self._controller is not None:
+                self._ctl_latencies.append(msg[4])
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return
@@ -432,7 +542,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         now = time.monotonic()
         elapsed = max(1e-9, now - self._started)
         workers = []
-        for i, p in enumerate(self._workers):
+        ids = pool.active if pool is not None else range(len(self._workers))
+        for i in ids:
+            p = self._workers[i]
             alive = pool is not None and not pool.closed and _alive(p)
             current: tuple[object, ...] | None = None
             since = None
@@ -456,7 +568,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             )
         return LoaderStats(
             backend=self._backend,
-            num_workers=self._num_workers,
+            num_workers=len(ids),
             epoch=max(0, self._epoch),
             batches=self._book.delivered,
             samples=self._samples,
@@ -468,6 +580,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             slot_bytes=self._slots.nbytes,
             fallback_batches=self._fallbacks,
             failures=len(self._failures),
+            notes=tuple(self._notes[-20:]),
             worker_restarts=self._restarts,
             workers=tuple(workers),
         )
@@ -490,6 +603,18 @@ def _pid(proc: Any) -> int | None:
         return int(proc.pid)
     except (ValueError, AttributeError, TypeError):
         return None
+
+
+def _idle_seconds() -> float | None:
+    """Idle CPU seconds so far, summed over the CPUs this process may run on."""
+    import psutil
+
+    try:
+        per_cpu = psutil.cpu_times(percpu=True)
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError, psutil.Error):
+        return None
+    return float(sum(t.idle for i, t in enumerate(per_cpu) if i in allowed))
 
 
 def _alive(proc: Any) -> bool:

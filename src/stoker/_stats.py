@@ -57,6 +57,8 @@ class LoaderStats:
         failures: samples or batches that failed (see ``loader.failures``).
         worker_restarts: workers respawned after dying.
         workers: one :class:`WorkerStats` per worker.
+        notes: what the loader decided and why (backend choice, worker-count changes), latest
+            last.
     """
 
     backend: Literal["inline", "process", "thread"]
@@ -74,3 +76,4 @@ class LoaderStats:
     failures: int = 0
     worker_restarts: int = 0
     workers: tuple[WorkerStats, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = ()

@@ -37,9 +37,11 @@ from stoker.workers._fetch import BatchFetcher, SkipBatch
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
-__all__ = ["STOP", "WorkerSpec", "worker_main"]
+__all__ = ["RETIRE", "STOP", "WorkerSpec", "worker_main"]
 
 STOP = b"S"
+# Taken from the shared queue by whichever worker is idle first: that worker exits.
+RETIRE = b"R"
 # How often a worker checks that the main process is still alive.
 PARENT_POLL_S = 0.25
 _PROTOCOL = 5
@@ -247,6 +249,9 @@ class _Worker:
         while True:
             raw = self.ctrl.recv_bytes() if iterable else self.queue.get()
             if raw == STOP:
+                return
+            if raw == RETIRE:
+                self.send(("R", self.epoch, -1, self.spec.worker_id))
                 return
             msg = pickle.loads(raw)
             if msg[0] == "E":

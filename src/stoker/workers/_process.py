@@ -29,7 +29,7 @@ from typing import Any
 import cloudpickle
 
 from stoker.transport import unlink_owned
-from stoker.workers._loop import STOP, WorkerSpec, worker_main
+from stoker.workers._loop import RETIRE, STOP, WorkerSpec, worker_main
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
@@ -82,7 +82,13 @@ class WorkerPool:
         payload: ``(dataset, collate_fn, worker_init_fn)``.
     """
 
-    def __init__(self, ctx: Any, specs: list[WorkerSpec], payload: tuple[Any, ...]) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        specs: list[WorkerSpec],
+        payload: tuple[Any, ...],
+        capacity: int | None = None,
+    ) -> None:
         self._ctx = ctx
         self.start_method: str = ctx.get_start_method()
         self.specs = specs
@@ -92,7 +98,9 @@ class WorkerPool:
         reader, writer = ctx.Pipe(duplex=False)
         _enlarge(writer)
         self.queue = TaskQueue(reader, writer, base + "task-")
-        self.status = StatusTable.create(base + "status", len(specs))
+        self.capacity = max(len(specs), capacity or 0)
+        self.status = StatusTable.create(base + "status", self.capacity)
+        self.retired: set[int] = set()
         self._payload: Any = payload if self.start_method == "fork" else cloudpickle.dumps(payload)
         # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
         # from another thread they must not, since that fires when the *thread* exits.
@@ -163,6 +171,43 @@ class WorkerPool:
                 conn.close()
         self._start(worker_id)
 
+    def add(self) -> int:
+        """Start one more worker (``num_workers="auto"``); returns its id."""
+        reusable = [i for i in sorted(self.retired) if self.processes[i].exitcode is not None]
+        if reusable:
+            worker_id = reusable[0]
+            self.retired.discard(worker_id)
+            with contextlib.suppress(Exception):
+                self.processes[worker_id].close()
+        else:
+            worker_id = len(self.specs)
+            if worker_id >= self.capacity:
+                raise RuntimeError(f"the pool holds at most {self.capacity} workers")
+            self.specs.append(
+                type(self.specs[0])(**{**self.specs[0].__dict__, "worker_id": worker_id})
+            )
+            self.processes.append(None)
+            self.ctrl.append(None)
+            self.results.append(None)
+        for conn in (self.ctrl[worker_id], self.results[worker_id]):
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        self._start(worker_id)
+        return worker_id
+
+    def retire(self) -> None:
+        """Ask whichever worker is idle first to exit (it answers with an ``R`` message)."""
+        self.queue.put(RETIRE)
+
+    def retired_worker(self, worker_id: int) -> None:
+        """Record that ``worker_id`` left on request (its exit is not a death)."""
+        self.retired.add(worker_id)
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i in range(len(self.processes)) if i not in self.retired]
+
     # -- traffic -------------------------------------------------------------------------
 
     kind = "process"
@@ -179,11 +224,13 @@ class WorkerPool:
 
     def drain_tasks(self) -> list[tuple[Any, ...]]:
         """Take back the tasks no worker has taken yet."""
-        return [pickle.loads(raw) for raw in self.queue.drain() if raw != STOP]
+        return [pickle.loads(raw) for raw in self.queue.drain() if raw not in (STOP, RETIRE)]
 
     def receive(self, timeout: float) -> list[tuple[Any, ...]]:
         """Worker messages that arrive within ``timeout`` (empty if none, or a worker died)."""
-        ready = mpc.wait(self.results + [p.sentinel for p in self.processes], timeout)
+        live = [i for i in range(len(self.processes)) if i not in self.retired]
+        conns = [self.results[i] for i in live]
+        ready = mpc.wait(conns + [self.processes[i].sentinel for i in live], timeout)
         msgs = []
         for conn in ready:
             if conn in self.results:
@@ -195,7 +242,7 @@ class WorkerPool:
         """Workers that exited: ``(worker id, pid, exit code, messages sent before dying)``."""
         out = []
         for i, proc in enumerate(self.processes):
-            if proc.exitcode is None:
+            if i in self.retired or proc.exitcode is None:
                 continue
             left: list[tuple[Any, ...]] = []
             conn = self.results[i]

@@ -23,7 +23,7 @@ from torch.utils.data._utils import worker as _torch_worker
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import BatchFetcher, SkipBatch
-from stoker.workers._loop import STOP, WorkerSpec
+from stoker.workers._loop import RETIRE, STOP, WorkerSpec
 from stoker.workers._status import IDLE
 
 __all__ = ["ThreadPool"]
@@ -111,6 +111,9 @@ class _ThreadWorker:
             msg = tasks.get()
             if msg == STOP:
                 return
+            if msg == RETIRE:
+                pool.results.put(("R", self.epoch, -1, spec.worker_id))
+                return
             if msg[0] == "E":
                 self.epoch = msg[1]
                 if spec.iterable:
@@ -160,7 +163,9 @@ class ThreadPool:
 
     kind = "thread"
 
-    def __init__(self, specs: list[WorkerSpec], payload: tuple[Any, ...]) -> None:
+    def __init__(
+        self, specs: list[WorkerSpec], payload: tuple[Any, ...], capacity: int | None = None
+    ) -> None:
         _patch_get_worker_info()
         _collate.install(None)  # no per-batch shared-memory segments in thread workers
         self.specs = specs
@@ -168,7 +173,9 @@ class ThreadPool:
         self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.ctrl: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in specs]
         self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self.status = _Status(len(specs))
+        self.capacity = max(len(specs), capacity or 0)
+        self.status = _Status(self.capacity)
+        self.retired: set[int] = set()
         self.closed = False
         self.processes: list[threading.Thread] = [None] * len(specs)  # type: ignore[list-item]
         self._reported: set[int] = set()
@@ -180,6 +187,35 @@ class ThreadPool:
         thread = threading.Thread(target=worker.run, name=f"stoker-worker-{worker_id}", daemon=True)
         thread.start()
         self.processes[worker_id] = thread
+
+    def add(self) -> int:
+        """Start one more worker thread; returns its id."""
+        reusable = [i for i in sorted(self.retired) if not self.processes[i].is_alive()]
+        if reusable:
+            worker_id = reusable[0]
+            self.retired.discard(worker_id)
+        else:
+            worker_id = len(self.specs)
+            if worker_id >= self.capacity:
+                raise RuntimeError(f"the pool holds at most {self.capacity} workers")
+            self.specs.append(
+                type(self.specs[0])(**{**self.specs[0].__dict__, "worker_id": worker_id})
+            )
+            self.ctrl.append(queue.SimpleQueue())
+            self.processes.append(None)  # type: ignore[arg-type]
+        self._start(worker_id)
+        return worker_id
+
+    def retire(self) -> None:
+        self.tasks.put(RETIRE)
+
+    def retired_worker(self, worker_id: int) -> None:
+        self.retired.add(worker_id)
+        self._reported.add(worker_id)
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i in range(len(self.processes)) if i not in self.retired]
 
     def restart(self, worker_id: int) -> None:
         self._reported.discard(worker_id)
@@ -196,7 +232,7 @@ class ThreadPool:
         with contextlib.suppress(queue.Empty):
             while True:
                 msg = self.tasks.get_nowait()
-                if msg != STOP:
+                if msg not in (STOP, RETIRE):
                     out.append(msg)
         return out
 
@@ -214,6 +250,8 @@ class ThreadPool:
         """Threads that ended without being asked (an error escaped the worker loop)."""
         out: list[tuple[int, int | None, int | None, list[tuple[Any, ...]]]] = []
         for i, thread in enumerate(self.processes):
+            if i in self.retired:
+                continue
             if not thread.is_alive() and i not in self._reported:
                 self._reported.add(i)
                 out.append((i, None, 1, self.receive(0)))
