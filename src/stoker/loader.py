@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 import torch
 import torch.utils.data as tud
 
+from stoker._platform import usable_cores
 from stoker._resume import EpochState
 from stoker._stats import LoaderStats
 from stoker.errors import ConfigError
@@ -23,7 +24,9 @@ from stoker.faults import Failure, FailurePolicy, OnError
 
 __all__ = ["Backend", "DataLoader"]
 
-Backend = Literal["process", "thread"]
+Backend = Literal["process", "thread", "auto"]
+#: Workers a loader with ``num_workers="auto"`` starts with (None: the usable cores).
+AUTO_START_WORKERS: int | None = None
 _BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # torch added `in_order` in 2.6; older versions must not be passed it.
@@ -51,7 +54,9 @@ class DataLoader(tud.DataLoader):
         sampler: strategy to draw sample indices; exclusive with ``shuffle``.
         batch_sampler: yields lists of indices; exclusive with ``batch_size``, ``shuffle``,
             ``sampler`` and ``drop_last``.
-        num_workers: worker processes; 0 loads in the main process. Default 0.
+        num_workers: workers; 0 loads in the main process. Default 0. ``"auto"`` starts with
+            the usable cores and lets an online controller add workers while the consumer
+            waits and CPU is free, and remove idle ones (see ``loader.stats().notes``).
         collate_fn: merges a list of samples into a batch. Default torch's ``default_collate``
             (``default_convert`` when ``batch_size=None``).
         pin_memory: copy batches into page-locked memory when an accelerator is present.
@@ -62,11 +67,15 @@ class DataLoader(tud.DataLoader):
             or a context object. Default: the platform's default.
         generator: RNG for the sampler and the base seed.
         prefetch_factor: batches in flight per worker. Default 2 when ``num_workers > 0``.
+            ``"auto"`` sizes it to absorb the measured spread of batch load times.
         persistent_workers: keep workers alive between epochs. Default ``None``: persistent
             whenever ``num_workers > 0``.
         pin_memory_device: deprecated in torch; accepted and passed on.
         in_order: deliver batches in sampler order (``True``, default) or as they complete.
-        backend: where workers run: ``"process"`` (default; fork, forkserver or spawn) or
+        backend: where workers run: ``"process"`` (fork, forkserver or spawn; the default
+            unless ``num_workers="auto"``), ``"auto"`` (the default with ``num_workers="auto"``:
+            a short probe picks threads when loading releases the GIL and says why in
+            ``loader.stats().notes``) or
             ``"thread"`` (threads of this process: no pickling, no shared memory, no copies
             of the dataset; best when loading releases the GIL, e.g. decoding and I/O; global
             random generators are shared, so augmentations are not reseeded per batch).
@@ -78,6 +87,19 @@ class DataLoader(tud.DataLoader):
             (default) for no limit. Beyond it :class:`stoker.FailureLimitError` is raised.
         max_worker_restarts: how many times a worker that dies (segfault, OOM kill) is
             replaced, its batches loaded again; default 0 raises at the first death, as torch.
+        distributed: split the dataset over the ranks of a distributed job (default ``False``,
+            torch's behaviour). The rank and world size come from the initialised process
+            group, else torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``. The default sampler
+            becomes a :class:`stoker.RankSampler` (``shuffle`` and the ``generator``'s seed
+            decide its order, new every epoch with no ``set_epoch`` needed): shares are
+            disjoint and equal on every rank, so every rank runs the same number of steps;
+            with ``drop_last=False`` up to ``world_size - 1`` samples are repeated to equalise
+            them, with ``drop_last=True`` up to ``world_size - 1`` are dropped (pass
+            ``sampler=RankSampler(..., pad=...)`` to choose otherwise). A ``sampler`` of yours
+            with ``set_epoch`` (``DistributedSampler``) is kept and gets ``set_epoch`` called
+            each epoch. At the first ``iter()`` the ranks compare dataset length,
+            ``batch_size``, seed, ``drop_last`` and shuffle, and raise on a mismatch.
+            :meth:`load_state_dict` resumes mid-epoch at another world size.
 
     Raises:
         ValueError: for every argument combination torch rejects, with torch's message.
@@ -91,7 +113,7 @@ class DataLoader(tud.DataLoader):
         shuffle: bool | None = None,
         sampler: tud.Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: tud.Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -100,19 +122,34 @@ class DataLoader(tud.DataLoader):
         multiprocessing_context: Any = None,
         generator: torch.Generator | None = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | Literal["auto"] | None = None,
         persistent_workers: bool | None = None,
         pin_memory_device: str = "",
         in_order: bool = True,
-        backend: Backend = "process",
+        backend: Backend | None = None,
         on_error: OnError = "raise",
         max_failures: int | float | None = None,
         max_worker_restarts: int = 0,
+        distributed: bool = False,
     ) -> None:
+        self._auto_workers = num_workers == "auto"
+        self._auto_prefetch = prefetch_factor == "auto"
+        if backend is None:
+            backend = "auto" if self._auto_workers else "process"
         if backend not in _BACKENDS:
             raise ConfigError(
                 f"`backend` must be one of {', '.join(map(repr, _BACKENDS))}. Found: {backend!r}."
             )
+        if num_workers == "auto":
+            num_workers = AUTO_START_WORKERS or usable_cores()
+        if prefetch_factor == "auto":
+            if num_workers == 0:
+                raise ConfigError(
+                    '`prefetch_factor="auto"` needs workers: pass `num_workers` > 0 or "auto".'
+                )
+            prefetch_factor = 2
+        self._resolved_backend: str = backend
+        self._backend_notes: list[str] = []
         policy = FailurePolicy(on_error, max_failures)
         if (
             not isinstance(max_worker_restarts, int)
@@ -126,6 +163,19 @@ class DataLoader(tud.DataLoader):
         self.backend = backend
         if persistent_workers is None:
             persistent_workers = isinstance(num_workers, int) and num_workers > 0
+        if not isinstance(distributed, bool):
+            raise ConfigError(f"`distributed` must be True or False. Found: {distributed!r}.")
+        if distributed:
+            from stoker._distributed import rank_sampler_for
+
+            sampler, shuffle = rank_sampler_for(
+                dataset,
+                shuffle=shuffle,
+                sampler=sampler,
+                batch_sampler=batch_sampler,
+                drop_last=drop_last,
+                generator=generator,
+            )
         extra: dict[str, Any] = {}
         if _TORCH_HAS_IN_ORDER:
             extra["in_order"] = in_order
@@ -158,12 +208,23 @@ class DataLoader(tud.DataLoader):
         self._epoch_state: EpochState | None = None
         self._resume_state: EpochState | None = None
         self._live: weakref.ref[Any] | None = None
+        self.distributed = distributed
+        self._coordinator: Any = None
+        if distributed:
+            from stoker._distributed import Coordinator
+
+            self._coordinator = Coordinator()
 
     # -- iteration -----------------------------------------------------------------------
 
+    def __iter__(self) -> Any:
+        if self._coordinator is not None:  # every epoch starts here, persistent or not
+            self._coordinator.begin_epoch(self)
+        return super().__iter__()
+
     def check_worker_number_rationality(self) -> None:
         """torch's warning about more worker processes than cores (threads are exempt)."""
-        if getattr(self, "backend", "process") == "process":
+        if getattr(self, "_resolved_backend", "process") == "process":
             super().check_worker_number_rationality()
 
     def _get_iterator(self) -> Any:
@@ -174,10 +235,26 @@ class DataLoader(tud.DataLoader):
         else:
             from stoker._iterator import MultiWorkerIterator
 
+            if self._resolved_backend == "auto":
+                self._resolve_backend()
             self.check_worker_number_rationality()
             iterator = MultiWorkerIterator(self)
         self._live = weakref.ref(iterator)
         return iterator
+
+    def _resolve_backend(self) -> None:
+        """``backend="auto"``: probe once, in a forked child, and keep the answer."""
+        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+        from stoker._probe import choose_backend_isolated
+
+        iterable = isinstance(self.dataset, tud.IterableDataset)
+        fetcher = _MapDatasetFetcher(self.dataset, True, self.collate_fn, False)
+        backend, why = choose_backend_isolated(
+            self.dataset, fetcher.fetch, self.batch_size or 1, iterable
+        )
+        self._resolved_backend = backend
+        self._backend_notes.append(f"backend={backend}: {why}")
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands, for an exact resume with :meth:`load_state_dict`.
@@ -210,6 +287,10 @@ class DataLoader(tud.DataLoader):
         state = EpochState.from_dict(state_dict)
         if state.finished:
             state = EpochState(state.epoch + 1, None)
+        if self.distributed:  # saved at another world size: re-partition what is left
+            from stoker._distributed import elastic_resume
+
+            state = elastic_resume(state, self)
         self._resume_state = state
         self._epochs_started = state.epoch
 
