@@ -14,8 +14,8 @@ Four checks, each one call from the engine:
 * :func:`explain_early_worker_death` (main process, when a worker died before it ever
   reported): the static SK001 check on the main script, as a sentence for the error.
 * :func:`processes_allowed`: why this process cannot start worker processes (a daemonic
-  ``multiprocessing.Pool`` worker, a platform without processes), so the loader can fall back
-  to threads.
+  ``multiprocessing.Pool`` worker, a platform without processes); :func:`fallback_backend` turns
+  that into the thread backend with a one-time warning.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import linecache
 import multiprocessing
 import os
 import sys
+import threading
+import warnings
 from types import FrameType
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "check_main_guard",
     "check_picklable",
     "explain_early_worker_death",
+    "fallback_backend",
     "processes_allowed",
     "serialise_payload",
 ]
@@ -48,6 +51,8 @@ PICKLING_START_METHODS = frozenset({"spawn", "forkserver"})
 PAYLOAD_NAMES = ("dataset", "collate_fn", "worker_init_fn")
 # Platforms where Python cannot start processes at all.
 _NO_PROCESS_PLATFORMS = frozenset({"emscripten", "wasi", "ios", "tvos", "watchos"})
+_fallback_warned = False
+_fallback_lock = threading.Lock()
 _GUARD_FIX = (
     "def main():\n"
     "    ...  # build the dataset and the DataLoader, run the training loop\n"
@@ -257,9 +262,13 @@ def explain_early_worker_death(start_method: str) -> str | None:
         return None
     for finding in findings:
         if finding.code == "SK001":
+            where = finding.location or script
+            _, _, line = where.rpartition(":")
+            source = linecache.getline(script, int(line)).strip() if line.isdigit() else ""
             return (
-                f"The main script starts DataLoader workers on import ({finding.location}: "
-                f"{finding.observed.split(': ', 1)[-1]}), outside "
+                "The main script starts DataLoader workers on import ("
+                + (f"{where}: `{source}`" if source else where)
+                + "), outside "
                 f'`if __name__ == "__main__":`; every {start_method} worker imports the main '
                 "script again and dies there. Put the entry point under the guard "
                 f"(`stoker doctor {script}` shows the fix)."
@@ -307,3 +316,35 @@ def processes_allowed(start_method: str | None = None) -> str | None:
                 f"`sys.executable` is {sys.executable!r} here (an embedded interpreter?)"
             )
     return None
+
+
+def fallback_backend(backend: str, start_method: str | None = None) -> str:
+    """The backend to run: ``backend``, or ``"thread"`` where processes cannot be started.
+
+    The first fallback in a process warns (``RuntimeWarning``) naming why; later ones are
+    silent.
+
+    Args:
+        backend: the loader's ``backend`` (only ``"process"`` can fall back).
+        start_method: the loader's start method (``None``: the default one).
+
+    Returns:
+        ``backend``, or ``"thread"`` when :func:`processes_allowed` gives a reason.
+    """
+    global _fallback_warned
+    if backend != "process":
+        return backend
+    why = processes_allowed(start_method)
+    if why is None:
+        return backend
+    with _fallback_lock:
+        first, _fallback_warned = not _fallback_warned, True
+    if first:
+        warnings.warn(
+            f"stoker: cannot start DataLoader worker processes here: {why}. Loading with "
+            'threads instead (`backend="thread"`); pass `num_workers=0` or '
+            '`backend="thread"` to silence this warning.',
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return "thread"
