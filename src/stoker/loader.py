@@ -9,6 +9,7 @@ torch's own; with workers it runs on stoker's engine (see ``stoker._iterator``).
 from __future__ import annotations
 
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args
@@ -87,6 +88,8 @@ class DataLoader(tud.DataLoader):
             (default) for no limit. Beyond it :class:`stoker.FailureLimitError` is raised.
         max_worker_restarts: how many times a worker that dies (segfault, OOM kill) is
             replaced, its batches loaded again; default 0 raises at the first death, as torch.
+        config: a ``stoker.toml`` written by ``stoker tune``; its ``[loader]`` settings apply to
+            the arguments left at their defaults (an argument you pass wins).
         distributed: split the dataset over the ranks of a distributed job (default ``False``,
             torch's behaviour). The rank and world size come from the initialised process
             group, else torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``. The default sampler
@@ -130,8 +133,37 @@ class DataLoader(tud.DataLoader):
         on_error: OnError = "raise",
         max_failures: int | float | None = None,
         max_worker_restarts: int = 0,
+        config: str | os.PathLike[str] | None = None,
         distributed: bool = False,
     ) -> None:
+        if config is not None:
+            from stoker._config import load_config
+
+            given: dict[str, Any] = {
+                "backend": backend,
+                "num_workers": num_workers,
+                "prefetch_factor": prefetch_factor,
+                "pin_memory": pin_memory,
+                "persistent_workers": persistent_workers,
+                "in_order": in_order,
+            }
+            defaults = {
+                "backend": None,
+                "num_workers": 0,
+                "prefetch_factor": None,
+                "pin_memory": False,
+                "persistent_workers": None,
+                "in_order": True,
+            }
+            for key, value in load_config(config).items():
+                if given[key] == defaults[key]:  # left at its default: the file decides
+                    given[key] = value
+            backend = given["backend"]
+            num_workers = given["num_workers"]
+            prefetch_factor = given["prefetch_factor"]
+            pin_memory = given["pin_memory"]
+            persistent_workers = given["persistent_workers"]
+            in_order = given["in_order"]
         self._auto_workers = num_workers == "auto"
         self._auto_prefetch = prefetch_factor == "auto"
         if backend is None:

@@ -1,0 +1,101 @@
+"""``stoker.toml``: loader settings found by ``stoker tune``, applied with ``config=``.
+
+::
+
+    [loader]
+    backend = "process"
+    num_workers = 4
+    prefetch_factor = 4
+    pin_memory = false
+
+A setting applies to an argument the caller left at its default; an argument given any other
+value wins. Unknown keys and values of the wrong type are errors that name the file and key.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["SETTINGS", "load_config", "write_config"]
+
+SECTION = "loader"
+# key -> accepted types (checked in order); "auto" strings are accepted where noted.
+SETTINGS: dict[str, tuple[type, ...]] = {
+    "backend": (str,),
+    "num_workers": (int, str),
+    "prefetch_factor": (int, str),
+    "pin_memory": (bool,),
+    "persistent_workers": (bool,),
+    "in_order": (bool,),
+}
+_STRINGS = {
+    "backend": ("process", "thread", "auto"),
+    "num_workers": ("auto",),
+    "prefetch_factor": ("auto",),
+}
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate the ``[loader]`` table of a ``stoker.toml``.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or holds an unknown key or a bad value.
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"`config` file {str(p)!r} does not exist. Create it with `stoker tune "
+            "module:factory -b BATCH`, or pass `config=None`."
+        ) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"`config` file {str(p)!r} is not valid TOML: {exc}.") from exc
+    table = data.get(SECTION, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{p}: `[{SECTION}]` must be a table. Found: {table!r}.")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        kinds = SETTINGS.get(key)
+        if kinds is None:
+            raise ConfigError(
+                f"{p}: unknown key `{SECTION}.{key}`; known keys: {', '.join(sorted(SETTINGS))}."
+            )
+        ok = isinstance(value, kinds) and not (bool in kinds) ^ isinstance(value, bool)
+        if isinstance(value, str) and value not in _STRINGS.get(key, ()):
+            ok = False
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            ok = False
+        if not ok:
+            allowed = " or ".join(
+                [k.__name__ for k in kinds if k is not str]
+                + [repr(v) for v in _STRINGS.get(key, ())]
+            )
+            raise ConfigError(f"{p}: `{SECTION}.{key}` must be {allowed}. Found: {value!r}.")
+        out[key] = value
+    return out
+
+
+def write_config(path: str | os.PathLike[str], settings: dict[str, Any], comment: str) -> Path:
+    """Write ``settings`` as a ``stoker.toml`` with a comment saying how they were found."""
+    lines = [f"# {line}" for line in comment.splitlines()] + ["", f"[{SECTION}]"]
+    for key in SETTINGS:
+        if key in settings:
+            value = settings[key]
+            text = str(value).lower() if isinstance(value, bool) else repr(value)
+            if isinstance(value, str):
+                text = f'"{value}"'
+            lines.append(f"{key} = {text}")
+    p = Path(path)
+    p.write_text("\n".join(lines) + "\n")
+    return p
