@@ -61,6 +61,12 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             delivered=set(resume.delivered) if resume is not None else set(),
         )
         loader._epoch_state = self._state
+        self._device_stage: Any = None
+        if loader.device is not None:
+            from stoker.device import make_stage
+
+            self._device_stage = stage = make_stage(self._next_host, loader.device)
+            self._state.in_flight = lambda: stage.in_flight
         self._task = 0
         self._wait_s = 0.0
         self._samples = 0
@@ -83,6 +89,11 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         self._begin_epoch(loader, rng_at_start, first=False)
 
     def _next_data(self) -> Any:
+        if self._device_stage is not None:
+            return self._device_stage.next()
+        return self._next_host()[1]
+
+    def _next_host(self) -> tuple[int, Any]:
         t0 = time.perf_counter()
         state = self._state
         while True:
@@ -117,7 +128,7 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             if self._pin_memory:
                 batch = _pin_memory(batch, self._pin_memory_device)
             self._wait_s += time.perf_counter() - t0
-            return batch
+            return idx, batch
 
     def _record(self, failures: list[tuple[Any, ...]]) -> None:
         for index, exc_type, message, replacement in failures:

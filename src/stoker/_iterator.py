@@ -89,7 +89,14 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
-        self._slots = SlotMap()
+        self._device = loader.device
+        self._device_stage: Any = None
+        registry = None
+        if self._device is not None or self._pin_memory:
+            from stoker.device import HostRegistry
+
+            registry = HostRegistry()
+        self._slots = SlotMap(registry=registry)
         self._tracker = AttributeTracker(self._dataset)
         self._all_changes: dict[tuple[str, ...], Any] = {}
         self._last_set_epoch: int | None = None
@@ -186,6 +193,11 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             delivered=set(resume.delivered) if resume is not None else set(),
         )
         loader._epoch_state = self._state
+        if self._device is not None:
+            from stoker.device import make_stage
+
+            self._device_stage = stage = make_stage(self._next_host, self._device)
+            self._state.in_flight = lambda: stage.in_flight
         self._book = TaskBook(self._in_order)
         self._retiring = 0  # a retire request drained with the old tasks is void
         self._sampler_done = False
@@ -262,6 +274,11 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     # -- receiving -----------------------------------------------------------------------
 
     def _next_data(self) -> Any:
+        if self._device_stage is not None:
+            return self._device_stage.next()
+        return self._next_host()[1]
+
+    def _next_host(self) -> tuple[int, Any]:
         t0 = time.perf_counter()
         book = self._book
         while True:
@@ -271,7 +288,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 self._wait_s += time.perf_counter() - t0
                 if self._controller is not None:
                     self._control()
-                return self._deliver(*got)
+                return got[0], self._deliver(*got)
             if book.outstanding == 0 and self._sampler_done:
                 self._wait_s += time.perf_counter() - t0
                 if self._state is not None:

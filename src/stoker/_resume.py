@@ -46,6 +46,8 @@ class EpochState:
     sampler: Any = None
     delivered: set[int] = field(default_factory=set)
     finished: bool = False
+    # Batches pulled for the device stage but not handed to the consumer yet: not delivered.
+    in_flight: Any = None
 
     # -- random state ----------------------------------------------------------------------
 
@@ -81,7 +83,8 @@ class EpochState:
     # -- (de)serialisation -----------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        ordered = sorted(self.delivered)
+        ahead = set(self.in_flight()) if self.in_flight is not None else set()
+        ordered = sorted(self.delivered - ahead)
         prefix = 0
         while prefix < len(ordered) and ordered[prefix] == prefix:
             prefix += 1
@@ -92,7 +95,7 @@ class EpochState:
             self.KEY_SAMPLER: self.sampler,
             # A prefix count plus the out-of-order rest keeps in-order states tiny.
             self.KEY_DELIVERED: {"prefix": prefix, "rest": ordered[prefix:]},
-            self.KEY_FINISHED: self.finished,
+            self.KEY_FINISHED: self.finished and not ahead,
         }
 
     def after(self, rng_now: torch.Tensor) -> EpochState:

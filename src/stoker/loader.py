@@ -90,6 +90,9 @@ class DataLoader(tud.DataLoader):
             replaced, its batches loaded again; default 0 raises at the first death, as torch.
         config: a ``stoker.toml`` written by ``stoker tune``; its ``[loader]`` settings apply to
             the arguments left at their defaults (an argument you pass wins).
+        device: deliver batches on this device (``"cuda"``, ``"cuda:1"``, a ``torch.device``),
+            copied on a side stream one or two batches ahead from page-locked slots, with the
+            consumer's stream synchronised. ``None`` (default) or ``"cpu"``: host batches.
         distributed: split the dataset over the ranks of a distributed job (default ``False``,
             torch's behaviour). The rank and world size come from the initialised process
             group, else torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``. The default sampler
@@ -134,6 +137,7 @@ class DataLoader(tud.DataLoader):
         max_failures: int | float | None = None,
         max_worker_restarts: int = 0,
         config: str | os.PathLike[str] | None = None,
+        device: str | torch.device | None = None,
         distributed: bool = False,
     ) -> None:
         if config is not None:
@@ -164,6 +168,11 @@ class DataLoader(tud.DataLoader):
             pin_memory = given["pin_memory"]
             persistent_workers = given["persistent_workers"]
             in_order = given["in_order"]
+        from stoker.device import resolve_device, warn_pin_without_accelerator
+
+        self.device = resolve_device(device)
+        if pin_memory and not torch.cuda.is_available():
+            warn_pin_without_accelerator()
         self._auto_workers = num_workers == "auto"
         self._auto_prefetch = prefetch_factor == "auto"
         if backend is None:

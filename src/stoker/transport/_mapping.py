@@ -35,14 +35,21 @@ _munmap = _libc.munmap  # bound early: __del__ may run during interpreter teardo
 class _Unmapper:
     """Unmaps a region when collected; held only by the byte array over that region."""
 
-    __slots__ = ("addr", "size")
+    __slots__ = ("addr", "before_unmap", "size")
 
     def __init__(self, addr: int, size: int) -> None:
         self.addr = addr
         self.size = size
+        self.before_unmap: Any = None  # e.g. cudaHostUnregister of a pinned slot
 
     def __del__(self) -> None:
         if self.addr:
+            hook, self.before_unmap = self.before_unmap, None
+            if hook is not None:
+                try:
+                    hook(self.addr)
+                except Exception:
+                    pass
             _munmap(self.addr, self.size)
             self.addr = 0
 

@@ -8,6 +8,7 @@ import mmap
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 import torch
@@ -220,9 +221,11 @@ class SlotMap:
         directory: shared-memory directory. Default: ``stoker._platform.shm_dir()``.
     """
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self, directory: str | None = None, registry: Any = None) -> None:
         self._dir = directory or shm_dir()
         self._maps: dict[str, ctypes.Array[ctypes.c_uint8]] = {}
+        # Page-locks each slot once (stoker.device.HostRegistry) when batches go to a GPU.
+        self.registry = registry
 
     def __len__(self) -> int:
         return len(self._maps)
@@ -243,6 +246,11 @@ class SlotMap:
         buf = self._maps.get(name)
         if buf is None:
             buf = self._maps[name] = map_file(os.path.join(self._dir, name))
+            registry = self.registry
+            if registry is not None:
+                addr = ctypes.addressof(buf)
+                if registry.register(addr, len(buf)):
+                    buf.unmapper.before_unmap = registry.unregister
         return buf
 
     def forget(self, names: list[str]) -> None:

@@ -1,0 +1,224 @@
+"""Batches delivered on the accelerator: ``DataLoader(..., device="cuda")``.
+
+Host batches are copied to the device on a dedicated CUDA stream, one or two batches ahead of
+the consumer. When a batch is handed over, the consumer's current stream waits on the copy's
+event, and every device tensor is marked with ``record_stream`` so the caching allocator never
+reuses its memory while the consumer's stream may still use it. The host batch (its slot) is
+kept until the copy's event has completed, so a slot is never reused under an in-flight copy.
+
+With ``pin_memory=True`` (or ``device=`` on CUDA) the main process registers each shared-memory
+slot as page-locked once (``cudaHostRegister``), so the copy is a true asynchronous DMA from
+the slot: no pin thread, no second host copy. Where registration is refused, batches are
+staged through ``Tensor.pin_memory()`` and ``loader.stats().notes`` says so.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from stoker.errors import ConfigError
+
+__all__ = [
+    "CudaCopy",
+    "DeviceStage",
+    "HostRegistry",
+    "make_stage",
+    "resolve_device",
+    "warn_pin_without_accelerator",
+]
+
+# Batches copied ahead of the consumer.
+DEFAULT_DEPTH = 2
+_warned_pin = False
+
+
+def resolve_device(device: Any) -> torch.device | None:
+    """Validate ``device=``: None, a string or a ``torch.device``; CPU means no copy.
+
+    Raises:
+        ConfigError: not a device, or an accelerator that is not available here.
+    """
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(
+            f"`device` must be None, a device string like 'cuda' or 'cuda:1', or a "
+            f"torch.device. Found: {device!r}."
+        ) from exc
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"`device={device!r}` but CUDA is not available on this machine: pass "
+                "`device=None` (or 'cpu') to keep batches on the host."
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"`device={device!r}` but only {torch.cuda.device_count()} CUDA devices exist."
+            )
+        return dev
+    raise ConfigError(f"`device` of type {dev.type!r} is not supported yet; use 'cuda'.")
+
+
+def warn_pin_without_accelerator() -> None:
+    """One warning per process: ``pin_memory=True`` does nothing without an accelerator."""
+    global _warned_pin
+    if _warned_pin:
+        return
+    _warned_pin = True
+    warnings.warn(
+        "stoker: `pin_memory=True` but no accelerator is present, so nothing is pinned (pinning "
+        "would only cost a host copy per batch). Drop `pin_memory`, or pass `device='cuda'` on "
+        "a machine with a GPU.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+class DeviceStage:
+    """Issues copies ahead and hands batches over in order, errors included.
+
+    Args:
+        pull: returns the next host batch and its batch index; raises StopIteration at the end
+            or whatever the loader raises (kept and re-raised in its turn).
+        issue: starts the copy of a host batch; returns an opaque in-flight handle.
+        complete: turns a handle into the batch to deliver (waits on the copy's event).
+        finished: whether a handle's copy has completed (its host batch may be released).
+        depth: batches in flight ahead of the consumer.
+    """
+
+    def __init__(
+        self,
+        pull: Callable[[], tuple[int, Any]],
+        issue: Callable[[Any], Any],
+        complete: Callable[[Any], Any],
+        finished: Callable[[Any], bool],
+        depth: int = DEFAULT_DEPTH,
+    ) -> None:
+        self._pull, self._issue, self._complete, self._finished = pull, issue, complete, finished
+        self.depth = max(1, depth)
+        self._ahead: collections.deque[tuple[int | None, Any, BaseException | None]] = (
+            collections.deque()
+        )
+        self._retired: list[Any] = []  # handed over, host kept until the copy completed
+        self._ended = False
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Batch indices pulled from the loader but not handed to the consumer yet."""
+        return [idx for idx, _, _ in self._ahead if idx is not None]
+
+    def _top_up(self) -> None:
+        while not self._ended and len(self._ahead) < self.depth:
+            try:
+                idx, host = self._pull()
+            except StopIteration:
+                self._ended = True
+                return
+            except Exception as exc:  # delivered in its turn, after earlier batches
+                self._ahead.append((None, None, exc))
+                return
+            self._ahead.append((idx, self._issue(host), None))
+
+    def next(self) -> Any:
+        self._retired = [h for h in self._retired if not self._finished(h)]
+        self._top_up()
+        if not self._ahead:
+            raise StopIteration
+        _idx, handle, error = self._ahead.popleft()
+        if error is not None:
+            raise error
+        batch = self._complete(handle)
+        self._retired.append(handle)
+        self._top_up()
+        return batch
+
+
+class CudaCopy:
+    """The CUDA side of a :class:`DeviceStage`: a side stream, events, ``record_stream``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def issue(self, host: Any) -> tuple[Any, Any, Any]:
+        def copy(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            # A registered slot is pinned already; anything else is staged once.
+            src = t if t.is_pinned() else t.pin_memory()
+            return src.to(self.device, non_blocking=True)
+
+        # The copies wait for work the consumer queued on its stream before this point.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            dev = tree_map(copy, host)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return dev, event, host
+
+    def complete(self, handle: tuple[Any, Any, Any]) -> Any:
+        dev, event, _host = handle
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(event)
+
+        def mark(t: Any) -> Any:
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                t.record_stream(consumer)
+            return t
+
+        tree_map(mark, dev)
+        return dev
+
+    @staticmethod
+    def finished(handle: tuple[Any, Any, Any]) -> bool:
+        return bool(handle[1].query())
+
+
+class HostRegistry:
+    """Registers shared-memory slots as page-locked memory, once each.
+
+    ``register(addr, size)`` returns False where the driver refuses (then batches are staged
+    through ``pin_memory()``); ``unregister`` is called when a slot is unmapped.
+    """
+
+    def __init__(self) -> None:
+        self.refused = 0
+        self.registered: set[int] = set()
+
+    def register(self, addr: int, size: int) -> bool:
+        if addr in self.registered:
+            return True
+        try:
+            err = torch.cuda.cudart().cudaHostRegister(addr, size, 0)
+        except Exception:
+            self.refused += 1
+            return False
+        if int(err) != 0:
+            self.refused += 1
+            return False
+        self.registered.add(addr)
+        return True
+
+    def unregister(self, addr: int) -> None:
+        if addr in self.registered:
+            self.registered.discard(addr)
+            try:
+                torch.cuda.cudart().cudaHostUnregister(addr)
+            except Exception:
+                pass
+
+
+def make_stage(pull: Callable[[], tuple[int, Any]], device: torch.device) -> DeviceStage:
+    """A :class:`DeviceStage` copying to ``device`` on a CUDA side stream."""
+    copier = CudaCopy(device)
+    return DeviceStage(pull, copier.issue, copier.complete, copier.finished)

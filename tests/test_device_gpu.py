@@ -1,0 +1,84 @@
+"""device="cuda": run on a machine with an NVIDIA GPU (`pytest -m gpu`); skipped elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import stoker
+
+pytestmark = pytest.mark.gpu
+
+
+class Pattern(Dataset):
+    """uint8 images whose every element is a function of (index, position)."""
+
+    def __init__(self, n: int = 256, shape: tuple[int, ...] = (3, 64, 64)) -> None:
+        self.n, self.shape = n, shape
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        numel = 1
+        for s in self.shape:
+            numel *= s
+        x = (torch.arange(numel, dtype=torch.int64) * 31 + i * 7) % 251
+        return x.to(torch.uint8).view(self.shape), i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_element_arrives_on_the_device(num_workers):
+    ds = Pattern()
+    loader = stoker.DataLoader(ds, batch_size=16, num_workers=num_workers, device="cuda")
+    seen = 0
+    for x, idx in loader:
+        assert x.is_cuda and idx.is_cuda
+        want = torch.stack([ds[int(i)][0] for i in idx.cpu()]).cuda()
+        assert torch.equal(x, want)
+        seen += len(idx)
+    assert seen == len(ds)
+
+
+def test_consumer_modifying_batches_in_place_does_not_corrupt_later_ones():
+    ds = Pattern(512)
+    loader = stoker.DataLoader(ds, batch_size=32, num_workers=2, device="cuda")
+    for x, _idx in loader:
+        # In-place work on the consumer stream, racing the side stream's next copies.
+        x.zero_()
+        torch.cuda._sleep(1_000_000)
+        x.add_(1)
+        assert int(x.min()) == 1 and int(x.max()) == 1
+    torch.cuda.synchronize()
+
+
+def test_slots_are_not_reused_while_a_copy_is_in_flight():
+    ds = Pattern(2048, (3, 128, 128))
+    loader = stoker.DataLoader(ds, batch_size=64, num_workers=2, device="cuda", prefetch_factor=1)
+    for x, idx in loader:
+        want = torch.stack([ds[int(i)][0] for i in idx.cpu()]).cuda()
+        assert torch.equal(x, want)
+
+
+def test_device_memory_does_not_grow_over_1000_batches():
+    ds = Pattern(64 * 4, (3, 32, 32))
+    loader = stoker.DataLoader(ds, batch_size=64, num_workers=2, device="cuda")
+    batches = 0
+    baseline = None
+    batch_bytes = 64 * 3 * 32 * 32
+    while batches < 1000:
+        for _x, _ in loader:
+            batches += 1
+            if batches == 50:
+                torch.cuda.synchronize()
+                baseline = torch.cuda.memory_allocated()
+    torch.cuda.synchronize()
+    assert baseline is not None
+    assert torch.cuda.memory_allocated() <= baseline + 4 * batch_bytes
+
+
+def test_slots_are_registered_as_page_locked():
+    loader = stoker.DataLoader(Pattern(64), batch_size=16, num_workers=2, pin_memory=True)
+    x, _ = next(iter(loader))
+    assert x.is_pinned()  # a view of a registered slot, not a staged copy
