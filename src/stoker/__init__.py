@@ -2,31 +2,79 @@
 
 Public API::
 
-    from stoker import DataLoader      # drop-in for torch.utils.data.DataLoader
+    from stoker import DataLoader          # drop-in for torch.utils.data.DataLoader
+    stoker.watch(loader)                    # data-starvation monitor for any loader
+    stoker.diagnose(loader_or_dataset)      # what slows or breaks it, and how to fix it
+    stoker.compact(paths)                   # lists that forked workers do not copy
+    stoker.ShardDataset("shards/")          # random access into packed tar shards
+
+The tools (``watch``, ``diagnose``, the shard datasets) are imported on first use, so
+``import stoker`` stays as light as the loader itself.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from stoker._compact import compact
 from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import (
     ConfigError,
+    FailureLimitError,
     SharedMemoryError,
     StokerError,
     WorkerError,
     WorkerTimeoutError,
 )
+from stoker.faults import Failure
 from stoker.loader import DataLoader
 
+if TYPE_CHECKING:
+    from stoker.doctor import diagnose
+    from stoker.monitor import watch
+    from stoker.shards import HDF5Dataset, LMDBDataset, ShardDataset
+
 __version__ = "0.1.0"
+
+# name -> module that defines it, imported on first access.
+_LAZY = {
+    "HDF5Dataset": "stoker.shards",
+    "LMDBDataset": "stoker.shards",
+    "ShardDataset": "stoker.shards",
+    "diagnose": "stoker.doctor",
+    "watch": "stoker.monitor",
+}
 
 __all__ = [
     "ConfigError",
     "DataLoader",
+    "Failure",
+    "FailureLimitError",
+    "HDF5Dataset",
+    "LMDBDataset",
     "LoaderStats",
+    "ShardDataset",
     "SharedMemoryError",
     "StokerError",
     "WorkerError",
     "WorkerStats",
     "WorkerTimeoutError",
     "__version__",
+    "compact",
+    "diagnose",
+    "watch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
