@@ -1,0 +1,153 @@
+"""The harness on tiny sizes: samplers, the ideal, a whole workload with real workers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from stoker.bench import Plan, Workload, make_plan, run
+from stoker.bench._harness import SeededSampler, bench_workload, measure_ideal
+from stoker.bench._stats import Ideal
+from stoker.errors import ConfigError
+
+
+class Squares(Dataset[torch.Tensor]):
+    def __init__(self, n: int = 512) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        return torch.full((16,), idx * idx, dtype=torch.int64)
+
+
+class Stream(IterableDataset[torch.Tensor]):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return (torch.tensor([i]) for i in range(300))
+
+
+def _tiny_plan(**changes: object) -> Plan:
+    plan = Plan(repeats=2, run_s=0.05, warmup_s=0.01, grid_run_s=0.02, ideal_s=0.02,
+                grid_workers=(0, 1), grid_prefetch=(2,), grid_note="tiny grid",
+                stoker_workers=1, cores=2)
+    return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
+
+
+def _workload(**changes: object) -> Workload:
+    w = Workload(name="squares", description="d", make_dataset=lambda quick: Squares(),
+                 batch_size=32)
+    return dataclasses.replace(w, **changes)  # type: ignore[arg-type]
+
+
+def test_seeded_sampler_repeats_per_iteration_and_sizes_the_first_pass() -> None:
+    a, b = SeededSampler(10, 25, seed=3, first_samples=4), SeededSampler(10, 25, seed=3,
+                                                                          first_samples=4)
+    assert len(a) == 4
+    first_a, first_b = list(a), list(b)
+    assert first_a == first_b and len(first_a) == 4
+    assert len(a) == 25
+    second = list(a)
+    assert second == list(b) and len(second) == 25
+    assert sorted(second[:10]) == list(range(10))  # each pass over the data is a permutation
+    assert list(SeededSampler(10, 25, seed=4)) != list(SeededSampler(10, 25, seed=3))
+
+
+def test_seeded_sampler_rejects_an_empty_dataset() -> None:
+    with pytest.raises(ConfigError, match="at least one sample"):
+        SeededSampler(0, 5, seed=0)
+
+
+def test_measure_ideal_counts_whole_batches() -> None:
+    ideal = measure_ideal(Squares(), _workload(), cores=2, seconds=0.0)
+    assert ideal.samples == 3 * 32  # IDEAL_MIN_BATCHES after one warm-up batch
+    assert ideal.cores == 2 and ideal.cpu_s_per_sample > 0
+    assert ideal.samples_per_s == pytest.approx(2 / ideal.cpu_s_per_sample)
+
+
+def test_measure_ideal_works_for_iterable_datasets() -> None:
+    ideal = measure_ideal(Stream(), _workload(), cores=1, seconds=0.0)
+    assert ideal.samples == 3 * 32
+
+
+def test_bench_workload_runs_every_contender_alternately() -> None:
+    steps: list[str] = []
+    result = bench_workload(_workload(), _tiny_plan(), quick=True,
+                            progress=lambda m, s: steps.append(m))
+    assert result.error is None and result.ideal is not None
+    assert [(p.num_workers, p.prefetch_factor) for p in result.grid] == [(0, None), (1, 2)]
+    names = [c.name for c in result.contenders]
+    assert names[0] == "torch nw=0" and "stoker nw=1" in names
+    roles = {r for c in result.contenders for r in c.roles}
+    assert {"torch-nw0", "torch-recommended", "torch-same", "torch-best", "stoker"} <= roles
+    for c in result.contenders:
+        if c.library == "torch":
+            assert c.ok and len(c.runs) == 2, c.error
+        for r in c.runs:
+            assert r.samples >= 32 and r.batches >= 1 and r.peak_pss_bytes > 0
+    assert result.torch_best is not None
+    assert steps[0].startswith("squares: ideal")
+    assert any("run 2/2" in m for m in steps)
+
+
+def test_fixed_size_runs_and_epochs_mode() -> None:
+    fixed = bench_workload(_workload(samples_per_run=96), _tiny_plan(repeats=1), quick=True)
+    for c in fixed.contenders:
+        for r in c.runs:
+            assert r.samples == 96 and r.batches == 3
+    epochs = bench_workload(_workload(mode="epochs", epochs=2, make_dataset=lambda q: Squares(64)),
+                            _tiny_plan(repeats=1), quick=True)
+    assert epochs.grid == ()
+    fresh = [c for c in epochs.contenders if c.config["persistent_workers"] is False]
+    assert fresh and fresh[0].ok
+    for c in epochs.contenders:
+        for r in c.runs:
+            assert r.samples == 2 * 64 and len(r.epoch_first_batch_s) == 2
+
+
+def test_a_dataset_that_cannot_be_built_is_reported_not_raised() -> None:
+    def broken(quick: bool) -> Dataset[int]:
+        raise OSError("disk on fire")
+
+    result = bench_workload(_workload(make_dataset=broken), _tiny_plan(), quick=True)
+    assert result.error == "OSError: disk on fire" and result.contenders == ()
+
+
+def test_run_with_a_custom_workload_and_progress() -> None:
+    class Recorder:
+        total = 0
+        done = 0
+
+        def start(self, total: int) -> None:
+            self.total = total
+
+        def advance(self, message: str, steps: int = 1) -> None:
+            self.done += steps
+
+    rec = Recorder()
+    result = run([_workload()], plan=_tiny_plan(repeats=1), progress=rec)
+    assert rec.total > 0 and rec.done == rec.total
+    assert result.workload("squares").torch_best is not None
+    assert result.machine["usable_cores"] == 2 and result.repeats == 1
+    with pytest.raises(KeyError):
+        result.workload("tiny")
+
+
+def test_plans() -> None:
+    quick, full = make_plan(quick=True, cores=2), make_plan(quick=False, cores=2)
+    assert quick.repeats == 3 and full.repeats == 5
+    assert quick.grid_workers == (0, 1, 2, 4) and full.grid_workers == tuple(range(9))
+    assert "quick mode" in quick.grid_note
+    assert make_plan(quick=False, cores=64).grid_workers[-1] == 256
+    assert len(make_plan(quick=False, cores=64).grid_workers) < 30
+    with pytest.raises(ConfigError, match="`repeats`"):
+        run(["tiny"], repeats=0)
+
+
+def test_ideal_note_reaches_the_result() -> None:
+    result = bench_workload(_workload(ideal_note="custom note"), _tiny_plan(repeats=1),
+                            quick=True)
+    assert isinstance(result.ideal, Ideal) and result.ideal.note == "custom note"

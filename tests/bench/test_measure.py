@@ -1,0 +1,61 @@
+"""CPU and PSS meters of the process tree."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from stoker.bench import _measure
+from stoker.bench._measure import Meter, TreeMeter
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds  # this thread only: the meter's thread runs beside
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _fast_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_measure, "PSS_INTERVAL_S", 0.01)
+
+
+def test_main_process_cpu_and_pss_are_measured() -> None:
+    with Meter() as meter:
+        _burn(0.1)
+    usage = meter.usage
+    assert usage is not None
+    assert usage.main_cpu_s >= 0.08  # psutil reads clock ticks (10 ms)
+    assert usage.tree_cpu_s >= usage.main_cpu_s
+    assert usage.peak_pss_bytes > 10 * 2**20  # an interpreter with torch loaded
+
+
+def test_children_cpu_counts_in_the_tree_not_the_main_process() -> None:
+    ctx = multiprocessing.get_context("fork")
+    with Meter(TreeMeter.children_now()) as meter:
+        child = ctx.Process(target=_burn, args=(0.3,))
+        child.start()
+        child.join()
+    usage = meter.usage
+    assert usage is not None
+    assert usage.tree_cpu_s - usage.main_cpu_s >= 0.25
+    assert usage.main_cpu_s < 0.25
+
+
+def test_children_in_the_baseline_are_ignored_for_pss() -> None:
+    ctx = multiprocessing.get_context("fork")
+    event = ctx.Event()
+    child = ctx.Process(target=event.wait, args=(5,))
+    child.start()
+    try:
+        alone = TreeMeter(TreeMeter.children_now())
+        alone.start()
+        with_child = TreeMeter(set())
+        with_child.start()
+        time.sleep(0.05)
+        assert with_child.stop().peak_pss_bytes > alone.stop().peak_pss_bytes
+    finally:
+        event.set()
+        child.join()

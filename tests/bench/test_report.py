@@ -1,0 +1,79 @@
+"""The JSON schema round trip, the verdicts and the terminal table."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from stoker.bench._report import SCHEMA, from_json, read_json, render, to_json, verdict, write_json
+from stoker.errors import ConfigError
+
+from ._factories import result, workload
+
+
+def test_json_round_trip_preserves_every_measurement(tmp_path: Path) -> None:
+    original = result(workload("tiny"), workload("jpeg", stoker_error="ValueError: x"))
+    path = tmp_path / "out.json"
+    write_json(original, path)
+    again = read_json(path)
+    assert again == original
+    assert to_json(again) == to_json(original)
+
+
+def test_json_document_shape_and_derived_fields() -> None:
+    doc = json.loads(json.dumps(to_json(result())))
+    assert doc["schema"] == SCHEMA == "stoker.bench/1"
+    assert set(doc) == {"schema", "started_at", "duration_s", "quick", "repeats", "machine",
+                        "workloads"}
+    w = doc["workloads"][0]
+    assert w["torch_best"] == "torch nw=1 pf=4"
+    assert w["ideal"]["samples_per_s"] == pytest.approx(500.0)
+    assert w["verdict"].startswith("stoker 2.00x faster than torch's best here")
+    st = w["contenders"][-1]
+    assert st["summary"]["ratio_to_torch_best"] == pytest.approx(2.0)
+    assert st["summary"]["ratio_to_torch_same"] == pytest.approx(2.4)
+    assert st["summary"]["fraction_of_ideal"] == pytest.approx(0.6)
+    assert len(st["runs"]) == 3
+    assert set(st["runs"][0]) == {"seconds", "samples", "batches", "first_batch_s",
+                                  "main_cpu_s", "tree_cpu_s", "peak_pss_bytes",
+                                  "epoch_first_batch_s"}
+    assert w["grid"][2] == {"num_workers": 4, "prefetch_factor": 2, "samples_per_s": None,
+                            "error": "boom"}
+
+
+def test_json_rejects_other_schemas_and_malformed_documents() -> None:
+    with pytest.raises(ConfigError, match="not a stoker.bench/1 document"):
+        from_json({"schema": "stoker.bench/0"})
+    with pytest.raises(ConfigError, match="not a stoker.bench/1 document"):
+        from_json([])  # type: ignore[arg-type]
+    doc = to_json(result())
+    del doc["workloads"][0]["contenders"][0]["runs"][0]["samples"]
+    with pytest.raises(ConfigError, match="malformed"):
+        from_json(doc)
+
+
+def test_verdict_faster_slower_par_and_failed() -> None:
+    assert verdict(workload(stoker_rates=(300.0,))) == (
+        "stoker 2.00x faster than torch's best here (torch nw=1 pf=4); "
+        "2.40x torch at the same 2 workers; 60% of this machine's limit"
+    )
+    assert verdict(workload(stoker_rates=(75.0,))).startswith(
+        "stoker 2.00x slower than torch's best here"
+    )
+    assert verdict(workload(stoker_rates=(151.0,))).startswith(
+        "stoker on par with torch's best here (1.01x)"
+    )
+    assert verdict(workload(stoker_error="OSError: shm")) == "stoker failed: OSError: shm"
+
+
+def test_render_prints_tables_verdicts_and_total_time() -> None:
+    buf = io.StringIO()
+    render(result(workload("tiny"), workload("jpeg")), Console(file=buf, width=160))
+    text = buf.getvalue()
+    for expected in ("tiny", "jpeg", "torch nw=1 pf=4", "stoker nw=2", "verdict:",
+                     "2.00x", "total time", "a note", "ideal 500 samples/s"):
+        assert expected in text
