@@ -26,35 +26,59 @@ def runs(*rates: float, batch: int = 64, batches: int = 10, **extra: Any) -> tup
     )
 
 
-def contender(name: str, library: str, roles: tuple[str, ...], *rates: float, nw: int = 0,
-              error: str | None = None, **extra: Any) -> ContenderResult:
+def contender(
+    name: str,
+    library: str,
+    roles: tuple[str, ...],
+    *rates: float,
+    nw: int = 0,
+    error: str | None = None,
+    **extra: Any,
+) -> ContenderResult:
     return ContenderResult(
         name=name,
         library=library,
         roles=roles,  # type: ignore[arg-type]
-        config={"num_workers": nw, "prefetch_factor": None, "persistent_workers": None,
-                "pin_memory": False},
+        config={
+            "num_workers": nw,
+            "prefetch_factor": None,
+            "persistent_workers": None,
+            "pin_memory": False,
+        },
         runs=() if error else runs(*rates, **extra),
         error=error,
     )
 
 
-def workload(name: str = "tiny", stoker_rates: tuple[float, ...] = (300.0, 310.0, 290.0),
-             stoker_error: str | None = None, mode: str = "steady") -> WorkloadResult:
+def workload(
+    name: str = "tiny",
+    stoker_rates: tuple[float, ...] = (300.0, 310.0, 290.0),
+    stoker_error: str | None = None,
+    mode: str = "steady",
+) -> WorkloadResult:
     return WorkloadResult(
         name=name,
         description="a test workload",
         batch_size=64,
         mode=mode,
-        ideal=Ideal(cores=2, cpu_s_per_sample=0.004, wall_s_per_sample=0.005, samples=100,
-                    note="test ideal"),
+        ideal=Ideal(
+            cores=2, cpu_s_per_sample=0.004, wall_s_per_sample=0.005, samples=100, note="test ideal"
+        ),
         contenders=(
             contender("torch nw=0", "torch", ("torch-nw0",), 100.0, 120.0, 110.0),
-            contender("torch nw=1 pf=4", "torch", ("torch-recommended", "torch-best"),
-                      150.0, 140.0, 160.0, nw=1),
+            contender(
+                "torch nw=1 pf=4",
+                "torch",
+                ("torch-recommended", "torch-best"),
+                150.0,
+                140.0,
+                160.0,
+                nw=1,
+            ),
             contender("torch nw=2 pf=2", "torch", ("torch-same",), 120.0, 125.0, 130.0, nw=2),
-            contender("stoker nw=2", "stoker", ("stoker",), *stoker_rates, nw=2,
-                      error=stoker_error),
+            contender(
+                "stoker nw=2", "stoker", ("stoker",), *stoker_rates, nw=2, error=stoker_error
+            ),
         ),
         grid=(GridPoint(0, None, 105.0), GridPoint(1, 4, 150.0), GridPoint(4, 2, None, "boom")),
         notes=("a note",),

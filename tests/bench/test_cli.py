@@ -39,8 +39,11 @@ USER_MODULE = textwrap.dedent(
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "bench_user_mod.py").write_text(USER_MODULE)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench, "QUICK_TIMINGS", MappingProxyType(
-        {"run_s": 0.03, "warmup_s": 0.01, "grid_run_s": 0.02, "ideal_s": 0.02}))
+    monkeypatch.setattr(
+        bench,
+        "QUICK_TIMINGS",
+        MappingProxyType({"run_s": 0.03, "warmup_s": 0.01, "grid_run_s": 0.02, "ideal_s": 0.02}),
+    )
     monkeypatch.setattr(bench, "QUICK_GRID_WORKERS", (0, 1))
     return tmp_path
 
@@ -49,8 +52,22 @@ def test_bench_own_dataset_writes_table_json_and_png(
     user_module: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out_json, out_png = user_module / "r.json", user_module / "r.png"
-    rc = main(["bench", "--dataset", "bench_user_mod:make_dataset", "--batch-size", "16",
-               "--quick", "--repeats", "1", "--json", str(out_json), "--plot", str(out_png)])
+    rc = main(
+        [
+            "bench",
+            "--dataset",
+            "bench_user_mod:make_dataset",
+            "--batch-size",
+            "16",
+            "--quick",
+            "--repeats",
+            "1",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "bench_user_mod:make_dataset" in text and "verdict:" in text and "total time" in text

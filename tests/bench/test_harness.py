@@ -31,21 +31,33 @@ class Stream(IterableDataset[torch.Tensor]):
 
 
 def _tiny_plan(**changes: object) -> Plan:
-    plan = Plan(repeats=2, run_s=0.05, warmup_s=0.01, grid_run_s=0.02, ideal_s=0.02,
-                grid_workers=(0, 1), grid_prefetch=(2,), grid_note="tiny grid",
-                stoker_workers=1, cores=2)
+    plan = Plan(
+        repeats=2,
+        run_s=0.05,
+        warmup_s=0.01,
+        grid_run_s=0.02,
+        ideal_s=0.02,
+        grid_workers=(0, 1),
+        grid_prefetch=(2,),
+        grid_note="tiny grid",
+        stoker_workers=1,
+        cores=2,
+    )
     return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
 
 
 def _workload(**changes: object) -> Workload:
-    w = Workload(name="squares", description="d", make_dataset=lambda quick: Squares(),
-                 batch_size=32)
+    w = Workload(
+        name="squares", description="d", make_dataset=lambda quick: Squares(), batch_size=32
+    )
     return dataclasses.replace(w, **changes)  # type: ignore[arg-type]
 
 
 def test_seeded_sampler_repeats_per_iteration_and_sizes_the_first_pass() -> None:
-    a, b = SeededSampler(10, 25, seed=3, first_samples=4), SeededSampler(10, 25, seed=3,
-                                                                          first_samples=4)
+    a, b = (
+        SeededSampler(10, 25, seed=3, first_samples=4),
+        SeededSampler(10, 25, seed=3, first_samples=4),
+    )
     assert len(a) == 4
     first_a, first_b = list(a), list(b)
     assert first_a == first_b and len(first_a) == 4
@@ -75,8 +87,9 @@ def test_measure_ideal_works_for_iterable_datasets() -> None:
 
 def test_bench_workload_runs_every_contender_alternately() -> None:
     steps: list[str] = []
-    result = bench_workload(_workload(), _tiny_plan(), quick=True,
-                            progress=lambda m, s: steps.append(m))
+    result = bench_workload(
+        _workload(), _tiny_plan(), quick=True, progress=lambda m, s: steps.append(m)
+    )
     assert result.error is None and result.ideal is not None
     assert [(p.num_workers, p.prefetch_factor) for p in result.grid] == [(0, None), (1, 2)]
     names = [c.name for c in result.contenders]
@@ -98,8 +111,11 @@ def test_fixed_size_runs_and_epochs_mode() -> None:
     for c in fixed.contenders:
         for r in c.runs:
             assert r.samples == 96 and r.batches == 3
-    epochs = bench_workload(_workload(mode="epochs", epochs=2, make_dataset=lambda q: Squares(64)),
-                            _tiny_plan(repeats=1), quick=True)
+    epochs = bench_workload(
+        _workload(mode="epochs", epochs=2, make_dataset=lambda q: Squares(64)),
+        _tiny_plan(repeats=1),
+        quick=True,
+    )
     assert epochs.grid == ()
     fresh = [c for c in epochs.contenders if c.config["persistent_workers"] is False]
     assert fresh and fresh[0].ok
@@ -148,6 +164,5 @@ def test_plans() -> None:
 
 
 def test_ideal_note_reaches_the_result() -> None:
-    result = bench_workload(_workload(ideal_note="custom note"), _tiny_plan(repeats=1),
-                            quick=True)
+    result = bench_workload(_workload(ideal_note="custom note"), _tiny_plan(repeats=1), quick=True)
     assert isinstance(result.ideal, Ideal) and result.ideal.note == "custom note"

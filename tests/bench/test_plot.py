@@ -14,8 +14,7 @@ from ._factories import result, workload
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    out = plot(result(workload("tiny"), workload("jpeg", stoker_error="boom")),
-               tmp_path / "b.png")
+    out = plot(result(workload("tiny"), workload("jpeg", stoker_error="boom")), tmp_path / "b.png")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 

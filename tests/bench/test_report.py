@@ -27,8 +27,15 @@ def test_json_round_trip_preserves_every_measurement(tmp_path: Path) -> None:
 def test_json_document_shape_and_derived_fields() -> None:
     doc = json.loads(json.dumps(to_json(result())))
     assert doc["schema"] == SCHEMA == "stoker.bench/1"
-    assert set(doc) == {"schema", "started_at", "duration_s", "quick", "repeats", "machine",
-                        "workloads"}
+    assert set(doc) == {
+        "schema",
+        "started_at",
+        "duration_s",
+        "quick",
+        "repeats",
+        "machine",
+        "workloads",
+    }
     w = doc["workloads"][0]
     assert w["torch_best"] == "torch nw=1 pf=4"
     assert w["ideal"]["samples_per_s"] == pytest.approx(500.0)
@@ -38,17 +45,28 @@ def test_json_document_shape_and_derived_fields() -> None:
     assert st["summary"]["ratio_to_torch_same"] == pytest.approx(2.4)
     assert st["summary"]["fraction_of_ideal"] == pytest.approx(0.6)
     assert len(st["runs"]) == 3
-    assert set(st["runs"][0]) == {"seconds", "samples", "batches", "first_batch_s",
-                                  "main_cpu_s", "tree_cpu_s", "peak_pss_bytes",
-                                  "epoch_first_batch_s"}
-    assert w["grid"][2] == {"num_workers": 4, "prefetch_factor": 2, "samples_per_s": None,
-                            "error": "boom"}
+    assert set(st["runs"][0]) == {
+        "seconds",
+        "samples",
+        "batches",
+        "first_batch_s",
+        "main_cpu_s",
+        "tree_cpu_s",
+        "peak_pss_bytes",
+        "epoch_first_batch_s",
+    }
+    assert w["grid"][2] == {
+        "num_workers": 4,
+        "prefetch_factor": 2,
+        "samples_per_s": None,
+        "error": "boom",
+    }
 
 
 def test_json_rejects_other_schemas_and_malformed_documents() -> None:
-    with pytest.raises(ConfigError, match="not a stoker.bench/1 document"):
+    with pytest.raises(ConfigError, match=r"not a stoker\.bench/1 document"):
         from_json({"schema": "stoker.bench/0"})
-    with pytest.raises(ConfigError, match="not a stoker.bench/1 document"):
+    with pytest.raises(ConfigError, match=r"not a stoker\.bench/1 document"):
         from_json([])  # type: ignore[arg-type]
     doc = to_json(result())
     del doc["workloads"][0]["contenders"][0]["runs"][0]["samples"]
@@ -74,6 +92,15 @@ def test_render_prints_tables_verdicts_and_total_time() -> None:
     buf = io.StringIO()
     render(result(workload("tiny"), workload("jpeg")), Console(file=buf, width=160))
     text = buf.getvalue()
-    for expected in ("tiny", "jpeg", "torch nw=1 pf=4", "stoker nw=2", "verdict:",
-                     "2.00x", "total time", "a note", "ideal 500 samples/s"):
+    for expected in (
+        "tiny",
+        "jpeg",
+        "torch nw=1 pf=4",
+        "stoker nw=2",
+        "verdict:",
+        "2.00x",
+        "total time",
+        "a note",
+        "ideal 500 samples/s",
+    ):
         assert expected in text

@@ -11,8 +11,9 @@ from ._factories import contender, workload
 
 
 def test_contender_figures_are_medians_over_runs() -> None:
-    c = contender("x", "torch", ("torch-nw0",), 100.0, 300.0, 200.0, main_cpu_s=0.2,
-                  tree_cpu_s=1.28)
+    c = contender(
+        "x", "torch", ("torch-nw0",), 100.0, 300.0, 200.0, main_cpu_s=0.2, tree_cpu_s=1.28
+    )
     assert c.samples_per_s == pytest.approx(200.0)
     assert c.spread == pytest.approx(0.5)  # (300 - 100) / 2 / 200
     assert c.main_cpu_ms_per_batch == pytest.approx(20.0)  # 0.2 s over 10 batches
@@ -55,8 +56,22 @@ def test_epoch_first_batch_medians_per_epoch() -> None:
 
 def test_run_sample_rejects_empty_runs() -> None:
     with pytest.raises(ConfigError, match="at least one batch"):
-        RunSample(seconds=1.0, samples=0, batches=0, first_batch_s=0.0, main_cpu_s=0.0,
-                  tree_cpu_s=0.0, peak_pss_bytes=0)
+        RunSample(
+            seconds=1.0,
+            samples=0,
+            batches=0,
+            first_batch_s=0.0,
+            main_cpu_s=0.0,
+            tree_cpu_s=0.0,
+            peak_pss_bytes=0,
+        )
     with pytest.raises(ConfigError, match="`seconds`"):
-        RunSample(seconds=0.0, samples=1, batches=1, first_batch_s=0.0, main_cpu_s=0.0,
-                  tree_cpu_s=0.0, peak_pss_bytes=0)
+        RunSample(
+            seconds=0.0,
+            samples=1,
+            batches=1,
+            first_batch_s=0.0,
+            main_cpu_s=0.0,
+            tree_cpu_s=0.0,
+            peak_pss_bytes=0,
+        )

@@ -37,13 +37,14 @@ def test_registry_holds_the_issue_workloads() -> None:
 
 
 def test_unknown_workload_lists_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="unknown workload 'nope'.*tiny"):
+    with pytest.raises(ConfigError, match=r"unknown workload .nope.*tiny"):
         get_workload("nope")
 
 
 def test_register_adds_a_workload_in_one_line() -> None:
-    w = register(Workload(name="unit-test", description="d", make_dataset=lambda q: [1],
-                          batch_size=1))
+    w = register(
+        Workload(name="unit-test", description="d", make_dataset=lambda q: [1], batch_size=1)
+    )
     try:
         assert get_workload("unit-test") is w
     finally:
@@ -64,8 +65,12 @@ def test_register_adds_a_workload_in_one_line() -> None:
     ],
 )
 def test_workload_validation(kwargs: dict[str, object], match: str) -> None:
-    fields: dict[str, object] = {"name": "w", "description": "d",
-                                 "make_dataset": lambda q: [], "batch_size": 4}
+    fields: dict[str, object] = {
+        "name": "w",
+        "description": "d",
+        "make_dataset": lambda q: [],
+        "batch_size": 4,
+    }
     with pytest.raises(ConfigError, match=match):
         Workload(**{**fields, **kwargs})  # type: ignore[arg-type]
 
@@ -84,8 +89,14 @@ def test_consume_counts_samples_of_nested_batches() -> None:
 
 @pytest.mark.parametrize(
     "dataset",
-    [_synthetic.TinyDataset(n=10), _synthetic.LargeDataset(n=10), _synthetic.HeavyTailDataset(10),
-     _synthetic.IODataset(10), _synthetic.PathsDataset(10), _synthetic.EpochsDataset(10)],
+    [
+        _synthetic.TinyDataset(n=10),
+        _synthetic.LargeDataset(n=10),
+        _synthetic.HeavyTailDataset(10),
+        _synthetic.IODataset(10),
+        _synthetic.PathsDataset(10),
+        _synthetic.EpochsDataset(10),
+    ],
     ids=lambda d: type(d).__name__,
 )
 def test_synthetic_datasets_are_picklable_and_deterministic(dataset: object) -> None:
@@ -139,7 +150,8 @@ def test_random_resized_crop_box_stays_inside_the_image(w: int, h: int, seed: in
 
 
 def test_random_resized_crop_box_is_reproducible() -> None:
-    boxes = [_jpeg.random_resized_crop_box(500, 375, torch.Generator().manual_seed(7))
-             for _ in range(2)]
+    boxes = [
+        _jpeg.random_resized_crop_box(500, 375, torch.Generator().manual_seed(7)) for _ in range(2)
+    ]
     assert boxes[0] == boxes[1]
     assert np.prod(np.subtract(boxes[0][2:], boxes[0][:2])) >= 0.08 * 500 * 375 * 0.99
