@@ -142,3 +142,32 @@ def test_fingerprint_mismatch_names_ranks_and_values(tmp_path: Path) -> None:
     for r in reports:
         message = r.get("error", "")
         assert "dataset length: rank 0 = 10; rank 1 = 11" in message, message
+
+
+def test_example_ddp_script_trains_and_resumes_at_another_world(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "ddp_train.py"
+    ckpt = tmp_path / "ckpt.pt"
+
+    def run(ranks: int, epochs: int) -> str:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={ranks}",
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=localhost:{_free_port()}",
+            str(example),
+            f"--epochs={epochs}",
+            "--samples=128",
+            f"--checkpoint={ckpt}",
+        ]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-20000:]
+        return proc.stdout
+
+    assert "epoch 0: 2 steps per rank" in run(2, 1)  # 128 / 2 ranks / batch 32
+    assert "epoch 1: 4 steps per rank" in run(1, 2)  # resumed at one rank

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from stoker.doctor._distributed import local_rank_device
 from stoker.doctor._finding import Diagnosis, Finding
 from stoker.doctor._handles import check_cuda_fork, check_handles
 from stoker.doctor._memory import check_containers, check_measured_growth
@@ -64,6 +65,7 @@ def diagnose(
     }
     findings: list[Finding] = []
     findings += check_process(subject)
+    findings += local_rank_device()  # SK503
     findings += check_cuda_fork(
         cuda_initialized=torch.cuda.is_initialized(),
         start_method=subject.start_method,

@@ -334,7 +334,9 @@ def _check_loader_in_loop(script: Script) -> Iterator[Finding]:
 
 def _check_set_epoch(script: Script) -> Iterator[Finding]:
     """SK011: a DistributedSampler and no `set_epoch` call anywhere."""
-    if script.calls("set_epoch"):
+    from stoker.doctor._distributed import loader_drives_epoch
+
+    if script.calls("set_epoch") or loader_drives_epoch(script):
         return
     for node in script.calls("DistributedSampler"):
         yield Finding(
@@ -401,7 +403,9 @@ def diagnose_script(path: str | Path, *, usable_cores: int | None = None) -> Dia
     script = parse_script(path)
     cores = usable_cores if usable_cores is not None else _platform.usable_cores()
     findings: list[Finding] = []
-    for check in STATIC_CHECKS:
+    from stoker.doctor._distributed import DISTRIBUTED_CHECKS
+
+    for check in (*STATIC_CHECKS, *DISTRIBUTED_CHECKS):
         findings.extend(check(script))
     findings.extend(_check_worker_count(script, cores))
     facts = {
