@@ -99,7 +99,9 @@ class PilImages(Dataset):
     def __getitem__(self, i: int):
         from PIL import Image
 
-        return Image.fromarray(np.full((64, 64, 3), i % 256, dtype=np.uint8))
+        # Reading dominates, as with real images: a larger picture resized on load.
+        big = Image.fromarray(np.full((384, 384, 3), i % 256, dtype=np.uint8))
+        return big.resize((64, 64), Image.Resampling.BILINEAR)
 
 
 def to_tensor_batch(images: list) -> torch.Tensor:

@@ -31,6 +31,7 @@ from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
 from stoker._resume import EpochState
 from stoker._seeding import batch_seed
+from stoker._spawn import check_main_guard, explain_early_worker_death, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import ConfigError, WorkerError, WorkerTimeoutError
 from stoker.faults import Failure
@@ -72,6 +73,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
+        check_main_guard()  # a spawn child re-importing a script without a __main__ guard
         rng_at_start = EpochState.capture_rng(loader.generator)
         super().__init__(loader)
         self._pool: WorkerPool | ThreadPool | None = None
@@ -132,7 +134,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             for i in range(n)
         ]
         payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
-        self._backend = loader._resolved_backend
+        # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
+        self._backend = fallback_backend(loader._resolved_backend, ctx.get_start_method())
         self._notes: list[str] = list(loader._backend_notes)
         self._controller: Controller | None = None
         capacity = n
@@ -370,9 +373,13 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 if self._iterable and self._restarts_left > 0
                 else "raise `max_worker_restarts` to respawn dead workers"
             )
+            hint = None
+            if self._backend == "process" and not self._worker_batches[worker_id]:
+                hint = explain_early_worker_death(pool.start_method)  # type: ignore[union-attr]
             raise WorkerError(
                 f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
                 f"{worker_id} was loading batches of epoch {self._epoch}; {why}."
+                + (f" {hint}" if hint else "")
             )
         self._restarts_left -= 1
         self._restarts += 1
@@ -584,7 +591,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 )
             )
         return LoaderStats(
-            backend=self._backend,
+            backend="thread" if self._backend == "thread" else "process",
             num_workers=len(ids),
             epoch=max(0, self._epoch),
             batches=self._book.delivered,

@@ -31,7 +31,7 @@ from typing import Any
 
 import cloudpickle
 
-from stoker.errors import ConfigError, StokerError
+from stoker.errors import MainGuardError, UnpicklableError
 
 __all__ = [
     "PICKLING_START_METHODS",
@@ -60,41 +60,6 @@ _GUARD_FIX = (
     'if __name__ == "__main__":\n'
     "    main()"
 )
-
-
-class UnpicklableError(ConfigError):
-    """Part of the dataset, ``collate_fn`` or ``worker_init_fn`` cannot be sent to workers.
-
-    Raised at ``iter(loader)`` in the main process, before any spawn/forkserver worker starts.
-    The original pickling error is the ``__cause__``.
-
-    Attributes:
-        path: attribute path of the part that fails, e.g. ``"dataset.transform.handle"``
-            (``None`` when no single part could be blamed).
-        start_method: ``"spawn"`` or ``"forkserver"``.
-    """
-
-    def __init__(self, message: str, path: str | None, start_method: str) -> None:
-        super().__init__(message)
-        self.path = path
-        self.start_method = start_method
-
-
-class MainGuardError(StokerError, RuntimeError):
-    """A spawn/forkserver worker, importing the main script, was asked to start workers.
-
-    The script starts its DataLoader workers outside ``if __name__ == "__main__":``. It is a
-    ``RuntimeError`` as multiprocessing's own bootstrap error is.
-
-    Attributes:
-        script: the main script's path (``None`` if unknown).
-        line: the script's line that started the workers (``None`` if unknown).
-    """
-
-    def __init__(self, message: str, script: str | None, line: int | None) -> None:
-        super().__init__(message)
-        self.script = script
-        self.line = line
 
 
 # -- pickling ----------------------------------------------------------------------------

@@ -4,6 +4,8 @@ Every error stoker raises on its own account derives from :class:`StokerError`::
 
     StokerError
     ├── ConfigError (also ValueError)   a bad argument or configuration value
+    │   └── UnpicklableError            part of the dataset cannot be sent to spawn workers
+    ├── MainGuardError (also RuntimeError) workers started while a spawn child imports the script
     ├── WorkerError (also RuntimeError) a worker died, hung or could not start
     │   └── WorkerTimeoutError          no batch within ``timeout`` seconds
     ├── FailureLimitError (also RuntimeError) more bad samples than ``max_failures`` allows
@@ -20,9 +22,11 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "FailureLimitError",
+    "MainGuardError",
     "RemoteTraceback",
     "SharedMemoryError",
     "StokerError",
+    "UnpicklableError",
     "WorkerError",
     "WorkerTimeoutError",
 ]
@@ -73,3 +77,38 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.text
+
+
+class UnpicklableError(ConfigError):
+    """Part of the dataset, ``collate_fn`` or ``worker_init_fn`` cannot be sent to workers.
+
+    Raised at ``iter(loader)`` in the main process, before any spawn/forkserver worker starts.
+    The original pickling error is the ``__cause__``.
+
+    Attributes:
+        path: attribute path of the part that fails, e.g. ``"dataset.transform.handle"``
+            (``None`` when no single part could be blamed).
+        start_method: ``"spawn"`` or ``"forkserver"``.
+    """
+
+    def __init__(self, message: str, path: str | None, start_method: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.start_method = start_method
+
+
+class MainGuardError(StokerError, RuntimeError):
+    """A spawn/forkserver worker, importing the main script, was asked to start workers.
+
+    The script starts its DataLoader workers outside ``if __name__ == "__main__":``. It is a
+    ``RuntimeError`` as multiprocessing's own bootstrap error is.
+
+    Attributes:
+        script: the main script's path (``None`` if unknown).
+        line: the script's line that started the workers (``None`` if unknown).
+    """
+
+    def __init__(self, message: str, script: str | None, line: int | None) -> None:
+        super().__init__(message)
+        self.script = script
+        self.line = line

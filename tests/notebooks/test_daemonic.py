@@ -18,8 +18,6 @@ import stoker
 from stoker import _spawn
 from stoker._spawn import fallback_backend, processes_allowed
 
-from ._wiring import wired
-
 # Pools are forked: the functions below run in a copy of this process (nothing re-imported).
 _FORK = multiprocessing.get_context("fork")
 
@@ -115,7 +113,6 @@ def test_fallback_to_threads_warns_once_naming_why(monkeypatch: pytest.MonkeyPat
     assert '`backend="thread"`' in messages[0]
 
 
-@wired("stoker._iterator", "fallback_backend")
 def test_loader_in_a_pool_worker_loads_with_threads() -> None:
     values, messages, backend = _in_pool(_load_with_workers)
     assert values == [2 * i for i in range(10)]

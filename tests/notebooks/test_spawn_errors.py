@@ -39,8 +39,6 @@ from stoker._spawn import (
     serialise_payload,
 )
 
-from ._wiring import wired
-
 # Seconds a guard-less script may take to fail (two spawned workers import torch), and for its
 # processes to be gone afterwards.
 GUARD_RUN_TIMEOUT_S = 180
@@ -157,7 +155,6 @@ def test_fork_inherits_the_payload_untouched(open_file) -> None:
     check_picklable(payload, "fork")  # nothing to pickle, nothing raised
 
 
-@wired("stoker.workers._process", "serialise_payload")
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_iter_raises_in_the_main_process_naming_the_path(method: str, open_file) -> None:
     dataset = Items(8, Steps([abs, abs, Reader(open_file)]))
@@ -258,8 +255,6 @@ def _marked(mark: str) -> list[int]:
     return pids
 
 
-@wired("stoker._iterator", "check_main_guard")
-@wired("stoker._iterator", "explain_early_worker_death")
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_script_without_guard_stops_with_a_clear_error(method: str, tmp_path: Path) -> None:
@@ -279,7 +274,7 @@ def test_script_without_guard_stops_with_a_clear_error(method: str, tmp_path: Pa
     assert run.returncode == 1, err
     assert "batch" not in run.stdout
     # each worker: the clear error, naming the script's line and the fix
-    assert f"stoker._spawn.MainGuardError: This {method} worker process" in err, err
+    assert f"stoker.errors.MainGuardError: This {method} worker process" in err, err
     assert f"{script}, line {LOOP_LINE} (`for batch in loader:`)" in err
     assert 'if __name__ == "__main__":\n    main()' in err
     assert "bootstrapping phase" not in err  # not multiprocessing's cryptic RuntimeError

@@ -26,8 +26,7 @@ import threading
 import time
 from typing import Any
 
-import cloudpickle
-
+from stoker._spawn import serialise_payload
 from stoker.transport import unlink_owned
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec, worker_main
 from stoker.workers._queue import TaskQueue
@@ -91,6 +90,9 @@ class WorkerPool:
     ) -> None:
         self._ctx = ctx
         self.start_method: str = ctx.get_start_method()
+        # Pickled once, before anything is created: an unpicklable part fails here, naming
+        # its attribute path, with nothing to clean up.
+        self._payload: Any = serialise_payload(payload, self.start_method)
         self.specs = specs
         self.shm_dir = specs[0].shm_dir
         self.prefix = specs[0].slot_prefix
@@ -101,7 +103,6 @@ class WorkerPool:
         self.capacity = max(len(specs), capacity or 0)
         self.status = StatusTable.create(base + "status", self.capacity)
         self.retired: set[int] = set()
-        self._payload: Any = payload if self.start_method == "fork" else cloudpickle.dumps(payload)
         # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
         # from another thread they must not, since that fires when the *thread* exits.
         self._pdeathsig = threading.current_thread() is threading.main_thread()
