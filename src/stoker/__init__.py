@@ -22,8 +22,10 @@ from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import (
     ConfigError,
     FailureLimitError,
+    MainGuardError,
     SharedMemoryError,
     StokerError,
+    UnpicklableError,
     WorkerError,
     WorkerTimeoutError,
 )
@@ -54,9 +56,11 @@ __all__ = [
     "HDF5Dataset",
     "LMDBDataset",
     "LoaderStats",
+    "MainGuardError",
     "ShardDataset",
     "SharedMemoryError",
     "StokerError",
+    "UnpicklableError",
     "WorkerError",
     "WorkerStats",
     "WorkerTimeoutError",
