@@ -109,6 +109,8 @@ def test_user_distributed_sampler_gets_set_epoch_with_one_notice(trained: Any) -
     assert set(a) | set(b) == set(range(N))
 
 
+# The elastic chain runs once, from the run with workers (indirect: one `trained` launch).
+@pytest.mark.parametrize("trained", [2], indirect=True, ids=["workers2"])
 def test_elastic_resume_2_to_1(trained: Any, resumed_at_1: Any) -> None:
     _, before = trained
     _, (after,) = resumed_at_1
@@ -120,7 +122,10 @@ def test_elastic_resume_2_to_1(trained: Any, resumed_at_1: Any) -> None:
     assert set(counts) == set(range(N)) and max(counts.values()) == 1  # none lost or repeated
 
 
-def test_elastic_resume_1_to_2(resumed_at_1: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize("trained", [2], indirect=True, ids=["workers2"])
+def test_elastic_resume_1_to_2(
+    trained: Any, resumed_at_1: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     out1, (single,) = resumed_at_1
     out = tmp_path_factory.mktemp("resume2")
     reports = launch(
