@@ -51,30 +51,45 @@ def plot(result: BenchResult, path: str | Path) -> Path:
         raise ConfigError("nothing to plot: no workload has a torch result.")
     series = [s for s in _SERIES if any(_pick(w, s[0]) for w in workloads)]
     width = 0.8 / max(1, len(series))
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(workloads) + 3), 5.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(workloads) + 3), 5.6), dpi=120)
     top = 1.0
     for k, (role, label, colour) in enumerate(series):
-        xs, ys = [], []
+        xs, ys, lo, hi = [], [], [], []
         for i, w in enumerate(workloads):
             c = _pick(w, role)
             r = w.ratio_to_best(c) if c is not None else None
-            if r is not None:
+            best = w.torch_best
+            if r is not None and c is not None and best is not None and best.samples_per_s:
+                rates = [run.samples_per_s / best.samples_per_s for run in c.runs]
                 xs.append(i - 0.4 + width * (k + 0.5))
                 ys.append(r)
-        bars = ax.bar(
+                lo.append(max(0.0, r - min(rates)))
+                hi.append(max(0.0, max(rates) - r))
+        ax.bar(
             xs,
             ys,
             width * 0.92,
+            yerr=[lo, hi],
+            error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#555555"},
             label=label,
             color=colour,
             edgecolor="#444444" if role == "stoker" else "none",
             linewidth=0.6,
         )
-        top = max([top, *ys])
+        top = max([top, *(y + h for y, h in zip(ys, hi, strict=True))])
         if role == "stoker":
-            ax.bar_label(
-                bars, labels=[f"{y:.2f}x" for y in ys], padding=2, fontsize=9, fontweight="bold"
-            )
+            for x, y, h in zip(xs, ys, hi, strict=True):
+                ax.text(
+                    x,
+                    y + h + 0.02 * top,
+                    f"{y:.2f}x",
+                    ha="center",
+                    va="bottom",
+                    fontsize=9,
+                    fontweight="bold",
+                    zorder=5,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.85},
+                )
     for i, w in enumerate(workloads):
         st = next((c for c in w.contenders if "stoker" in c.roles), None)
         if st is not None and not st.ok:
@@ -90,12 +105,13 @@ def plot(result: BenchResult, path: str | Path) -> Path:
             )
     ax.axhline(1.0, color="#222222", linestyle="--", linewidth=1.2)
     ax.text(
-        len(workloads) - 0.5,
+        1.005,
         1.0,
-        " torch's best = 1.0",
-        va="bottom",
-        ha="right",
-        fontsize=9,
+        "torch's\nbest",
+        transform=ax.get_yaxis_transform(),
+        va="center",
+        ha="left",
+        fontsize=8,
         color="#222222",
     )
     ax.set_xticks(range(len(workloads)))
@@ -122,7 +138,20 @@ def plot(result: BenchResult, path: str | Path) -> Path:
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.legend(loc="upper left", fontsize=8, frameon=False, ncol=2)
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        fontsize=8,
+        frameon=False,
+        ncol=len(series),
+    )
+    fig.text(
+        0.01,
+        0.01,
+        "bars: medians; whiskers: range of the repeats (each run / torch's best median)",
+        fontsize=7,
+        color="#666666",
+    )
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out)
