@@ -7,6 +7,7 @@ Public API::
     stoker.diagnose(loader_or_dataset)      # what slows or breaks it, and how to fix it
     stoker.compact(paths)                   # lists that forked workers do not copy
     stoker.ShardDataset("shards/")          # random access into packed tar shards
+    stoker.tune(dataset, batch_size=64)     # search a fast configuration, write stoker.toml
 
 The tools (``watch``, ``diagnose``, the shard datasets) are imported on first use, so
 ``import stoker`` stays as light as the loader itself.
@@ -35,7 +36,9 @@ from stoker.loader import DataLoader
 if TYPE_CHECKING:
     from stoker.doctor import diagnose
     from stoker.monitor import watch
+    from stoker.sampling import RankSampler, World
     from stoker.shards import HDF5Dataset, LMDBDataset, ShardDataset
+    from stoker.tune import tune
 
 __version__ = "0.1.0"
 
@@ -43,8 +46,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "HDF5Dataset": "stoker.shards",
     "LMDBDataset": "stoker.shards",
+    "RankSampler": "stoker.sampling",
     "ShardDataset": "stoker.shards",
+    "World": "stoker.sampling",
     "diagnose": "stoker.doctor",
+    "tune": "stoker.tune",
     "watch": "stoker.monitor",
 }
 
@@ -57,6 +63,7 @@ __all__ = [
     "LMDBDataset",
     "LoaderStats",
     "MainGuardError",
+    "RankSampler",
     "ShardDataset",
     "SharedMemoryError",
     "StokerError",
@@ -64,9 +71,11 @@ __all__ = [
     "WorkerError",
     "WorkerStats",
     "WorkerTimeoutError",
+    "World",
     "__version__",
     "compact",
     "diagnose",
+    "tune",
     "watch",
 ]
 

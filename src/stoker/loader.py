@@ -241,6 +241,11 @@ class DataLoader(tud.DataLoader):
         )
         self.in_order = in_order
         self.failure_policy = policy
+        # Kept as given, so that a trainer rebuilding the loader from its attributes
+        # (Lightning, Accelerate) gets the same loader.
+        self.on_error = on_error
+        self.max_failures = max_failures
+        self.config = config
         self.max_worker_restarts = max_worker_restarts
         #: Every sample that failed to load (``on_error="skip"``/``"replace"``), oldest first.
         self.failures: list[Failure] = []

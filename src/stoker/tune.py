@@ -1,0 +1,211 @@
+"""``stoker tune``: find a fast loader configuration for one dataset, offline.
+
+Successive halving over backend x workers x prefetch (x pinning on CUDA): every candidate runs
+briefly, the faster half survives and runs twice as long, until one is left or the time budget
+is spent. The winner is compared with torch's DataLoader defaults measured in the same run and
+written to ``stoker.toml``, which ``stoker.DataLoader(..., config="stoker.toml")`` applies.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+
+from stoker._config import write_config
+from stoker._platform import usable_cores
+from stoker.errors import ConfigError
+
+__all__ = ["Candidate", "TuneResult", "candidates", "tune"]
+
+# Seconds of the first round per candidate; each later round doubles it.
+FIRST_ROUND_S = 0.6
+# Batches loaded (and not timed) before a candidate's clock starts.
+WARMUP_BATCHES = 2
+_ENDLESS = 10**9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One loader configuration."""
+
+    backend: str
+    num_workers: int
+    prefetch_factor: int
+    pin_memory: bool = False
+
+    @property
+    def label(self) -> str:
+        pin = " pin" if self.pin_memory else ""
+        return f"{self.backend} nw={self.num_workers} pf={self.prefetch_factor}{pin}"
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "num_workers": self.num_workers,
+            "prefetch_factor": self.prefetch_factor,
+            "pin_memory": self.pin_memory,
+        }
+
+
+@dataclass
+class TuneResult:
+    """What ``tune`` found.
+
+    Attributes:
+        best: the winning configuration.
+        best_rate: its samples/s in the last round.
+        baseline_rate: torch's DataLoader defaults (``num_workers=0``), samples/s.
+        rounds: per round, ``(seconds per candidate, [(candidate, samples/s), ...])``.
+        seconds: wall time the search took.
+        config_path: where ``stoker.toml`` was written (None if not written).
+    """
+
+    best: Candidate
+    best_rate: float
+    baseline_rate: float
+    rounds: list[tuple[float, list[tuple[Candidate, float]]]] = field(default_factory=list)
+    seconds: float = 0.0
+    config_path: Path | None = None
+
+    @property
+    def speedup(self) -> float:
+        return self.best_rate / self.baseline_rate if self.baseline_rate else math.inf
+
+
+def candidates(cores: int, device: str | None = None) -> list[Candidate]:
+    """The search space: both backends, workers 1..4 x cores, prefetch 2 and 4."""
+    workers = sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n <= 4 * cores} | {cores})
+    pins = (False, True) if device is not None and device.startswith("cuda") else (False,)
+    return [
+        Candidate(backend, n, pf, pin)
+        for backend in ("process", "thread")
+        for n in workers
+        for pf in (2, 4)
+        for pin in pins
+    ]
+
+
+def _loader(dataset: Any, batch_size: int, cand: Candidate | None, seed: int) -> Any:
+    from stoker.loader import DataLoader
+
+    sampler = tud.RandomSampler(
+        dataset,
+        replacement=True,
+        num_samples=_ENDLESS,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    if cand is None:  # torch's defaults
+        return tud.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=cand.num_workers,
+        prefetch_factor=cand.prefetch_factor,
+        pin_memory=cand.pin_memory,
+        backend=cand.backend,  # type: ignore[arg-type]
+    )
+
+
+def measure(dataset: Any, batch_size: int, cand: Candidate | None, seconds: float) -> float:
+    """Samples per second of one configuration over ``seconds`` (after a short warm-up)."""
+    from stoker.bench._workloads import consume
+
+    loader = _loader(dataset, batch_size, cand, seed=0)
+    it = iter(loader)
+    try:
+        for _ in range(WARMUP_BATCHES + (cand.num_workers if cand else 0)):
+            consume(next(it))
+        samples = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            samples += consume(next(it))
+        return samples / (time.perf_counter() - t0)
+    finally:
+        del it
+        shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del loader
+        gc.collect()
+
+
+def tune(
+    dataset: Any,
+    batch_size: int,
+    *,
+    budget_s: float = 60.0,
+    device: str | None = None,
+    output: str | Path | None = "stoker.toml",
+    space: list[Candidate] | None = None,
+    report: Any = None,
+) -> TuneResult:
+    """Search for the fastest configuration of ``stoker.DataLoader`` for ``dataset``.
+
+    Args:
+        dataset: a map-style dataset (or a zero-argument factory returning one).
+        batch_size: samples per batch.
+        budget_s: seconds the search may take (it stops early when one candidate is left).
+        device: ``"cuda"`` also tries pinned memory.
+        output: path of the ``stoker.toml`` to write; None writes nothing.
+        space: candidates to try (default :func:`candidates`).
+        report: called as ``report(message)`` after each measurement (progress).
+
+    Returns:
+        A :class:`TuneResult`.
+
+    Raises:
+        ConfigError: for an iterable dataset, a bad ``batch_size`` or ``budget_s``.
+    """
+    if callable(dataset) and not isinstance(dataset, tud.Dataset):
+        dataset = dataset()
+    if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ConfigError("`stoker tune` needs a map-style dataset (with `__len__`).")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"`batch_size` must be an int >= 1. Found: {batch_size!r}.")
+    if budget_s <= 0:
+        raise ConfigError(f"`budget_s` must be > 0. Found: {budget_s!r}.")
+    started = time.perf_counter()
+    alive = list(space if space is not None else candidates(usable_cores(), device))
+    rounds: list[tuple[float, list[tuple[Candidate, float]]]] = []
+    run_s = FIRST_ROUND_S
+    scored: list[tuple[Candidate, float]] = []
+    while True:
+        scored = []
+        for cand in alive:
+            rate = measure(dataset, batch_size, cand, run_s)
+            scored.append((cand, rate))
+            if report is not None:
+                report(f"{cand.label}: {rate:,.0f} samples/s ({run_s:.1f} s)")
+        scored.sort(key=lambda cr: cr[1], reverse=True)
+        rounds.append((run_s, scored))
+        if len(scored) <= 1:
+            break
+        alive = [c for c, _ in scored[: max(1, len(scored) // 2)]]
+        run_s *= 2
+        spent = time.perf_counter() - started
+        # Stop when the next round would not fit the budget (keeping time for the baseline).
+        if spent + run_s * (len(alive) + 1) > budget_s:
+            break
+    best, best_rate = scored[0]
+    baseline = measure(dataset, batch_size, None, run_s)
+    if report is not None:
+        report(f"torch defaults: {baseline:,.0f} samples/s")
+    result = TuneResult(best, best_rate, baseline, rounds, time.perf_counter() - started)
+    if output is not None:
+        result.config_path = write_config(
+            output,
+            best.settings(),
+            f"Written by `stoker tune` on {time.strftime('%Y-%m-%d %H:%M')}, batch size "
+            f"{batch_size}, {usable_cores()} usable cores.\n"
+            f"{best.label}: {best_rate:,.0f} samples/s, {result.speedup:.2f}x torch's "
+            f"DataLoader defaults ({baseline:,.0f} samples/s), measured in the same run.",
+        )
+    return result

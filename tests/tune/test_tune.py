@@ -1,0 +1,87 @@
+"""stoker tune: successive halving, the stoker.toml it writes, and its command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import stoker
+from stoker import tune as tune_mod
+from stoker._config import load_config
+from stoker.tune import Candidate, candidates, tune
+
+from .tune_factories import Squares
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def short_rounds(monkeypatch):
+    monkeypatch.setattr(tune_mod, "FIRST_ROUND_S", 0.15)
+
+
+def test_space_covers_both_backends_and_stays_within_four_workers_per_core():
+    space = candidates(cores=2)
+    assert {c.backend for c in space} == {"process", "thread"}
+    assert max(c.num_workers for c in space) == 8
+    assert all(not c.pin_memory for c in space)
+    assert any(c.pin_memory for c in candidates(cores=2, device="cuda"))
+
+
+def test_halving_keeps_the_faster_half_and_writes_the_winner(tmp_path):
+    space = [Candidate("thread", 1, 2), Candidate("process", 1, 2), Candidate("thread", 2, 2)]
+    out = tmp_path / "stoker.toml"
+    result = tune(Squares(), 32, budget_s=30, output=out, space=space)
+    first_round = result.rounds[0][1]
+    assert len(first_round) == 3 and len(result.rounds[1][1]) == 1
+    survivors = [c for c, _ in first_round[:1]]
+    assert result.best in survivors
+    assert result.baseline_rate > 0 and result.best_rate > 0
+    settings = load_config(out)
+    assert settings["backend"] == result.best.backend
+    assert settings["num_workers"] == result.best.num_workers
+    assert "torch's DataLoader defaults" in out.read_text()
+    loader = stoker.DataLoader(Squares(), batch_size=32, config=out)
+    assert loader.num_workers == result.best.num_workers
+
+
+def test_budget_stops_the_search_early(tmp_path):
+    space = [Candidate("thread", n, 2) for n in (1, 2, 3, 4)]
+    result = tune(Squares(), 32, budget_s=0.1, output=None, space=space)
+    assert len(result.rounds) == 1 and result.config_path is None
+
+
+def test_bad_arguments_are_clear():
+    with pytest.raises(stoker.ConfigError, match="batch_size"):
+        tune(Squares(), 0)
+    with pytest.raises(stoker.ConfigError, match="map-style"):
+        tune(iter([]), 4)  # type: ignore[arg-type]
+
+
+def test_command_line_writes_stoker_toml(tmp_path):
+    out = tmp_path / "stoker.toml"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stoker",
+            "tune",
+            "tests.tune.tune_factories:make_dataset",
+            "-b",
+            "64",
+            "--budget",
+            "8",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=HERE.parent.parent,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "best:" in proc.stdout and "torch's DataLoader" in proc.stdout
+    assert load_config(out)["backend"] in ("process", "thread")
