@@ -11,9 +11,11 @@ import gc
 import inspect
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import traceback
@@ -44,7 +46,7 @@ from _datasets import (
     identity_collate,
     numpy_keeping_collate,
 )
-from _support import assert_same, chunks, iterate_until_error, to_lists
+from _support import assert_same, chunks, iterate_until_error, rebuild_like_lightning, to_lists
 
 import stoker
 from stoker._platform import usable_cores
@@ -106,6 +108,29 @@ def test_signature_extends_torch_with_same_defaults() -> None:
             assert ours[name].default == param.default, name
     extras = [n for n in ours if n not in theirs]
     assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras), extras
+
+
+def test_every_constructor_argument_is_kept_as_an_attribute() -> None:
+    """Trainers rebuild a loader from attributes named like ``__init__``'s parameters
+    (torch keeps all of its own but ``shuffle``, which its sampler carries)."""
+    loader = stoker.DataLoader(RangeDataset(4))
+    params = inspect.signature(stoker.DataLoader.__init__).parameters
+    missing = [n for n in params if n not in ("self", "shuffle") and not hasattr(loader, n)]
+    assert missing == [], f"arguments a rebuilt loader would lose: {missing}"
+
+
+def test_rebuilt_loader_keeps_the_error_policy() -> None:
+    def outcome(loader: Any) -> Any:
+        try:
+            return to_lists(loader)
+        except SampleError as exc:
+            traceback.clear_frames(exc.__traceback__)
+            return f"raised {exc}"
+
+    loader = _loader(FailingDataset(12, bad=5), batch_size=2, on_error="skip")
+    original = outcome(loader)
+    assert [5] not in original and [4] in original
+    assert outcome(rebuild_like_lightning(loader)) == original
 
 
 @pytest.mark.parametrize("bad", [-1, "1", 1.0, True])
@@ -494,35 +519,46 @@ _EXIT_SCRIPT = textwrap.dedent(
     ],
 )
 def test_interpreter_exit_without_cleanup_is_clean(start: str, mode: str) -> None:
+    # The child keeps its slots in a private directory, so that loaders of other processes
+    # sharing this machine's /dev/shm cannot be mistaken for its leftovers.
+    private_shm = tempfile.mkdtemp(dir=SHM_DIR, prefix="loader-exit-test-")
     shm_before = _stoker_shm()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _EXIT_SCRIPT, str(TESTS_DIR), start, mode],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        out, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"child did not exit within {EXIT_TIMEOUT_S} s; stderr:\n{err}")
-    pid_lines = [line for line in out.splitlines() if line.startswith("PIDS")]
-    assert pid_lines, f"child printed no worker pids; stderr:\n{err}"
-    pids = [int(p) for p in pid_lines[0].split()[1:]]
-    alive = _wait_dead(pids)
-    if alive:
-        for pid in alive:
-            os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"workers {alive} outlived their interpreter")
-    if mode == "raise":
-        assert proc.returncode == 1
-        assert "boom from the training loop" in err
-        err = err.split("RuntimeError: boom from the training loop")[-1]
-    else:
-        assert proc.returncode == 0, err
-    assert "leaked" not in err.lower(), err
-    assert "warning" not in err.lower(), err
-    assert "Traceback" not in err, err
-    assert _stoker_shm() - shm_before == set()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _EXIT_SCRIPT, str(TESTS_DIR), start, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "STOKER_SHM_DIR": private_shm},
+        )
+        try:
+            out, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"child did not exit within {EXIT_TIMEOUT_S} s; stderr:\n{err}")
+        pid_lines = [line for line in out.splitlines() if line.startswith("PIDS")]
+        assert pid_lines, f"child printed no worker pids; stderr:\n{err}"
+        pids = [int(p) for p in pid_lines[0].split()[1:]]
+        alive = _wait_dead(pids)
+        if alive:
+            for pid in alive:
+                os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"workers {alive} outlived their interpreter")
+        if mode == "raise":
+            assert proc.returncode == 1
+            assert "boom from the training loop" in err
+            err = err.split("RuntimeError: boom from the training loop")[-1]
+        else:
+            assert proc.returncode == 0, err
+        assert "leaked" not in err.lower(), err
+        assert "warning" not in err.lower(), err
+        assert "Traceback" not in err, err
+        assert os.listdir(private_shm) == [], "shared memory left behind"
+        # Anything the child created outside the private directory would name its pid.
+        owned = {str(proc.pid), *map(str, pids)}
+        strays = {n for n in _stoker_shm() - shm_before if owned & set(n.split("-"))}
+        assert strays == set(), f"shared memory left in {SHM_DIR}"
+    finally:
+        shutil.rmtree(private_shm, ignore_errors=True)
