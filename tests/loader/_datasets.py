@@ -27,6 +27,10 @@ from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 SLOW_SAMPLE_S = 1.0
 # Seconds a sample sleeps in the timeout tests: longer than the loader's `timeout`.
 HANG_SAMPLE_S = 2.0
+# Longest a gated sample waits for its gate file before giving up and loading anyway.
+GATE_TIMEOUT_S = 30.0
+# How often a gated sample looks for its gate file.
+GATE_POLL_S = 0.01
 
 
 class SampleError(Exception):
@@ -134,6 +138,30 @@ class SlowDataset(Dataset[int]):
     def __getitem__(self, index: int) -> int:
         if index in self.slow:
             time.sleep(self.delay)
+        return index
+
+
+class GatedDataset(Dataset[int]):
+    """``ds[i] == i``; indices in ``gated`` wait until the file ``gate`` exists.
+
+    Lets a test hold one sample back until the main process has seen another batch, without
+    relying on timing (the wait gives up after ``GATE_TIMEOUT_S`` so a broken loader fails
+    instead of hanging).
+    """
+
+    def __init__(self, n: int, gated: Sequence[int], gate: str) -> None:
+        self.n = n
+        self.gated = frozenset(gated)
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if index in self.gated:
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(GATE_POLL_S)
         return index
 
 

@@ -33,6 +33,7 @@ from _datasets import (
     EpochSampler,
     FailingDataset,
     FilledDataset,
+    GatedDataset,
     GrowingDataset,
     InfoDataset,
     RandomAugDataset,
@@ -357,18 +358,21 @@ def test_batches_over_the_slot_budget_fall_back_intact(monkeypatch: pytest.Monke
 # -- delivery order ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("in_order", [True, False])
-def test_in_order_false_lets_fast_batches_overtake_a_slow_one(in_order: bool) -> None:
-    loader = _loader(
-        SlowDataset(24, slow=[0], delay=SLOW_SAMPLE_S), batch_size=4, in_order=in_order
-    )
-    got = to_lists(loader)
+def test_in_order_false_lets_later_batches_overtake_a_held_one(tmp_path: Path) -> None:
+    gate = tmp_path / "batch-0-may-finish"
+    loader = _loader(GatedDataset(24, gated=[0], gate=str(gate)), batch_size=4, in_order=False)
+    got = []
+    for batch in loader:
+        got.append(batch.tolist())
+        gate.touch()  # batch 0 is held until the main process has received another batch
     expected = chunks(range(24), 4, drop_last=False)
-    if in_order:
-        assert got == expected
-    else:
-        assert sorted(got) == expected
-        assert got[0] != expected[0], "the slow first batch should not come first"
+    assert sorted(got) == expected
+    assert got[0] != expected[0], "in_order=False waited for the held first batch"
+
+
+def test_in_order_true_waits_for_a_slow_batch() -> None:
+    loader = _loader(SlowDataset(24, slow=[0], delay=SLOW_SAMPLE_S), batch_size=4)
+    assert to_lists(loader) == chunks(range(24), 4, drop_last=False)
 
 
 # -- errors ------------------------------------------------------------------------------------
