@@ -104,3 +104,15 @@ def test_render_prints_tables_verdicts_and_total_time() -> None:
         "ideal 500 samples/s",
     ):
         assert expected in text
+
+
+def test_verdict_mentions_memory_only_when_it_differs() -> None:
+    from stoker.bench._result import WorkloadResult
+
+    from ._factories import contender
+
+    w = workload()
+    assert "PSS" not in verdict(w)
+    heavy = contender("stoker nw=2", "stoker", ("stoker",), 300.0, nw=2, peak_pss_bytes=600 * 2**20)
+    w2 = WorkloadResult(**{**vars(w), "contenders": (*w.contenders[:3], heavy)})
+    assert verdict(w2).endswith("PSS 600 MiB vs 300 MiB for torch at the same workers")

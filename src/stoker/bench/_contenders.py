@@ -173,12 +173,18 @@ def build_loader(
 
 
 def close_loader(loader: Iterable[Any]) -> None:
-    """Stop a loader's workers now rather than at garbage collection."""
+    """Stop a loader's workers now rather than at garbage collection.
+
+    Calls the first of ``_shutdown_workers`` (torch), ``_shutdown`` (stoker) or ``close`` that
+    the loader's live iterator has, then the loader's own ``close`` if it has one.
+    """
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None:
-        shutdown = getattr(iterator, "_shutdown_workers", None) or getattr(iterator, "close", None)
-        if callable(shutdown):
-            shutdown()
+        for name in ("_shutdown_workers", "_shutdown", "close"):
+            shutdown = getattr(iterator, name, None)
+            if callable(shutdown):
+                shutdown()
+                break
         loader._iterator = None  # type: ignore[attr-defined]
     close = getattr(loader, "close", None)
     if callable(close):

@@ -329,7 +329,7 @@ def _contenders(
         specs = [
             ContenderSpec("torch", 0, roles=("torch-nw0",)),
             ContenderSpec("torch", nw, 2, False, roles=("torch-same",)),
-            ContenderSpec("torch", nw, 2, True, roles=("torch-other",)),
+            ContenderSpec("torch", nw, 2, True, roles=("torch-persistent",)),
             ContenderSpec("stoker", nw, roles=("stoker",)),
         ]
         notes.append(

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.bench._result import BenchResult, ContenderResult, GridPoint, RunSample, WorkloadResult
-from stoker.bench._stats import Ideal
+from stoker.bench._stats import Ideal, ratio
 from stoker.errors import ConfigError
 
 __all__ = ["SCHEMA", "from_json", "read_json", "render", "to_json", "verdict", "write_json"]
@@ -57,6 +57,8 @@ SCHEMA = "stoker.bench/1"
 # Ratios closer than this to 1.0 read "on par".
 PAR_BAND = 0.03
 BEST_TEXT = "torch's best here"
+# The verdict mentions memory when stoker's PSS differs from torch's by more than this.
+PSS_NOTE_BAND = 0.2
 _COLUMNS = (
     "contender",
     "role",
@@ -79,6 +81,7 @@ _ROLE_TEXT = {
     "torch-best": "torch's best",
     "stoker": "defaults",
     "optional": "optional",
+    "torch-persistent": "persistent workers",
     "torch-other": "",
 }
 
@@ -112,6 +115,14 @@ def verdict(w: WorkloadResult) -> str:
     frac = w.fraction_of_ideal(st)
     if frac is not None:
         parts.append(f"{frac:.0%} of this machine's limit")
+    mine, theirs = st.peak_pss_bytes, same.peak_pss_bytes if same else None
+    pss_ratio = ratio(mine, theirs)
+    if mine is not None and theirs is not None and pss_ratio is not None:
+        if abs(pss_ratio - 1) > PSS_NOTE_BAND:
+            parts.append(
+                f"PSS {mine / 2**20:,.0f} MiB vs {theirs / 2**20:,.0f} MiB for torch at the "
+                "same workers"
+            )
     if w.mode == "epochs" and st.epoch_first_batch_s:
         fresh = next(
             (

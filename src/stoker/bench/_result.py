@@ -28,6 +28,7 @@ Role = Literal[
     "torch-recommended",
     "torch-same",
     "torch-best",
+    "torch-persistent",
     "torch-other",
     "stoker",
     "optional",

@@ -208,7 +208,7 @@ register(
 register(
     Workload(
         name="memory",
-        description="3M Python path strings read at random: copy-on-read growth (watch PSS)",
+        description="3M Python path strings (1M with --quick) read at random: copy-on-read growth",
         make_dataset=_memory,
         batch_size=256,
         samples_per_run=200_000,
