@@ -184,7 +184,7 @@ def _bus_error() -> None:
         f.truncate(mmap.PAGESIZE * 2)
         m = mmap.mmap(f.fileno(), mmap.PAGESIZE * 2)
         f.truncate(0)
-        m[mmap.PAGESIZE]  # noqa: B018 - the access is the point
+        m[mmap.PAGESIZE]
 
 
 def die(how: Death) -> None:

@@ -177,8 +177,8 @@ def _in_child(
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(target, fd)
             os.close(target)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         faulthandler.enable(file=sys.stderr, all_threads=True)
@@ -317,7 +317,7 @@ def finish_interpreter(proc: subprocess.Popen[str], limit_s: float) -> tuple[str
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        _, err = proc.communicate()
         _fail(f"the interpreter did not exit within {limit_s} s; stderr:\n{err[-8000:]}")
         raise AssertionError from None  # unreachable
 

@@ -41,13 +41,13 @@ def case_hang(ready_dir: str, in_order: bool) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
     delivered: list[int] = []
 
-    def consume() -> None:
+    def consume(loader: Any) -> None:
         start = time.monotonic()
         try:
             for batch in loader:
                 start = time.monotonic()
                 delivered.extend(indices_of([batch]))
-        except BaseException as exc:  # noqa: BLE001 - the type is what the test checks
+        except BaseException as exc:
             outcome.update(
                 type=type(exc).__name__,
                 is_timeout=isinstance(exc, stoker.WorkerTimeoutError),
@@ -56,7 +56,7 @@ def case_hang(ready_dir: str, in_order: bool) -> dict[str, Any]:
                 waited=time.monotonic() - start,
             )
 
-    consumer = threading.Thread(target=consume)
+    consumer = threading.Thread(target=consume, args=(loader,))
     consumer.start()
     stall: dict[str, Any] = {}
     while consumer.is_alive() and not stall:
@@ -105,7 +105,7 @@ def case_slow(delay_s: float, batch_size: int, timeout_s: float) -> dict[str, An
             longest = max(longest, now - last)
             last = now
             delivered.extend(indices_of([batch]))
-    except Exception as exc:  # noqa: BLE001 - any error is the failure
+    except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     del loader
     return {
@@ -117,9 +117,7 @@ def case_slow(delay_s: float, batch_size: int, timeout_s: float) -> dict[str, An
 
 
 @pytest.mark.parametrize("in_order", [True, False])
-def test_hang_times_out_naming_worker_pid_indices_and_stack(
-    in_order: bool, tmp_path: Path
-) -> None:
+def test_hang_times_out_naming_worker_pid_indices_and_stack(in_order: bool, tmp_path: Path) -> None:
     r = run_case(case_hang, ready_dir=str(tmp_path), in_order=in_order).result
     out = r["outcome"]
     assert out, "no error although a worker hangs"

@@ -34,7 +34,6 @@ from _faulty import (
 from _isolate import run_case
 
 import stoker
-from stoker.errors import FailureLimitError
 from stoker.faults import PROBATION_SAMPLES
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,9 +49,7 @@ def _digest(value: Any) -> str:
     return repr(value)
 
 
-def case_iterate(
-    dataset: Any, workers: int, epochs: int = 1, **kwargs: Any
-) -> dict[str, Any]:
+def case_iterate(dataset: Any, workers: int, epochs: int = 1, **kwargs: Any) -> dict[str, Any]:
     """Iterate ``epochs`` epochs; report batches as ``[(index, digest of the rest)]``."""
     kwargs.setdefault("batch_size", BATCH)
     if workers:
@@ -69,7 +66,7 @@ def case_iterate(
                 for k, i in enumerate(torch.as_tensor(index).reshape(-1).tolist()):
                     rows.append((int(i), _digest(rest[k]) if rest is not None else ""))
                 batches.append(rows)
-    except BaseException as exc:  # noqa: BLE001 - type and contents are what tests check
+    except BaseException as exc:
         error = {
             "type": type(exc).__name__,
             "mro": [c.__name__ for c in type(exc).__mro__],
@@ -85,7 +82,7 @@ def case_iterate(
         stats = loader.stats()
         stats_failures = stats.failures
         pids = [w.pid for w in stats.workers] or pids
-    except Exception as exc:  # noqa: BLE001 - reported, checked by its own test
+    except Exception as exc:
         stats_error = f"{type(exc).__name__}: {exc}"
     del loader
     return {
@@ -105,7 +102,10 @@ def _indices(r: dict[str, Any]) -> list[int]:
 def _fail_fields(r: dict[str, Any]) -> list[tuple[Any, ...]]:
     """(index, exc_type, message, replacement) of every recorded failure, by index."""
     rows = [(f[0], f[3], f[4], f[5]) for f in r["failures"]]
-    return sorted(rows, key=lambda t: (not isinstance(t[0], int), t[0] if isinstance(t[0], int) else 0, repr(t[0])))
+    return sorted(
+        rows,
+        key=lambda t: (not isinstance(t[0], int), t[0] if isinstance(t[0], int) else 0, repr(t[0])),
+    )
 
 
 # -- __getitem__ -----------------------------------------------------------------------------
@@ -350,7 +350,9 @@ def test_iterable_error_is_raised_with_the_worker(after: int) -> None:
 
 def test_stats_of_an_iterable_dataset_loader() -> None:
     r = run_case(
-        case_iterate, dataset=FailingIterable(N, fail_worker=1, after=2), workers=2,
+        case_iterate,
+        dataset=FailingIterable(N, fail_worker=1, after=2),
+        workers=2,
         on_error="skip",
     ).result
     assert r["stats_error"] == "", r["stats_error"]

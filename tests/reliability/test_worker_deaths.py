@@ -56,7 +56,9 @@ def _loader(dataset: Any, workers: int, **kwargs: Any) -> stoker.DataLoader:
 
 def _reference(epochs: int, seed: int) -> list[list[list[tuple[int, int]]]]:
     """Batches of an uninterrupted ``num_workers=0`` run, per epoch."""
-    loader = _loader(RandomDataset(N), 0, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = _loader(
+        RandomDataset(N), 0, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     return [[_rows(b) for b in loader] for _ in range(epochs)]
 
 
@@ -100,7 +102,7 @@ def case_no_restart(how: str, marker_dir: str) -> dict[str, Any]:
     try:
         for batch in loader:
             delivered.extend(indices_of([batch]))
-    except BaseException as exc:  # noqa: BLE001 - the type is what the test checks
+    except BaseException as exc:
         caught_at = time.time()
         error = {
             "type": type(exc).__name__,
@@ -157,9 +159,7 @@ def case_killed_from_outside(victim: int, after: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("how", SIGNALS)
-def test_dead_worker_is_respawned_and_nothing_is_lost_or_repeated(
-    how: str, tmp_path: Path
-) -> None:
+def test_dead_worker_is_respawned_and_nothing_is_lost_or_repeated(how: str, tmp_path: Path) -> None:
     run = run_case(
         case_respawn, how=how, at=[13], restarts=1, in_order=True, marker_dir=str(tmp_path)
     )
