@@ -166,3 +166,20 @@ def test_plans() -> None:
 def test_ideal_note_reaches_the_result() -> None:
     result = bench_workload(_workload(ideal_note="custom note"), _tiny_plan(repeats=1), quick=True)
     assert isinstance(result.ideal, Ideal) and result.ideal.note == "custom note"
+
+
+@pytest.fixture(scope="module")
+def _resource_tracker() -> None:
+    """Spawn starts multiprocessing's resource tracker once per interpreter: start it first."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("_resource_tracker")
+def test_spawned_workers_get_a_picklable_dataset() -> None:
+    plan = _tiny_plan(repeats=1, grid_workers=(0, 1), multiprocessing_context="spawn")
+    result = bench_workload(_workload(), plan, quick=True)
+    torch_runs = [c for c in result.contenders if c.library == "torch"]
+    assert torch_runs and all(c.ok for c in torch_runs), [c.error for c in torch_runs]

@@ -75,13 +75,13 @@ _COLUMNS = (
 # Width of the table when the output is not a terminal.
 PLAIN_WIDTH = 150
 _ROLE_TEXT = {
-    "torch-nw0": "no workers",
-    "torch-recommended": "seed-recommended",
-    "torch-same": "same nw as stoker",
-    "torch-best": "torch's best",
+    "torch-nw0": "baseline",
+    "torch-recommended": "seed recipe",
+    "torch-same": "same nw",
+    "torch-best": "torch best",
+    "torch-persistent": "persistent",
     "stoker": "defaults",
     "optional": "optional",
-    "torch-persistent": "persistent workers",
     "torch-other": "",
 }
 
@@ -219,9 +219,11 @@ def render(result: BenchResult, console: Any = None) -> None:
             out.print(f"  {note}", style="dim")
     out.print()
     out.print(
-        "x best / x same: samples/s relative to torch's best and to torch at stoker's "
-        "num_workers; main ms/batch: CPU of the main process per batch; CPU s/1k: CPU "
-        "seconds of main + workers per 1,000 samples.",
+        "roles: baseline = no workers; seed recipe = 0.7 x cores workers, prefetch_factor=4, "
+        "persistent (pinned with CUDA); same nw = stoker's num_workers at torch's better "
+        "prefetch_factor; torch best = fastest torch configuration measured. x best / x same: "
+        "samples/s relative to those; main ms/batch: CPU of the main process per batch; "
+        "CPU s/1k: CPU seconds of main + workers per 1,000 samples.",
         style="dim",
     )
     out.print(
