@@ -16,6 +16,7 @@ ideal), ``_result`` (result types), ``_report`` (table, verdicts, JSON), ``_plot
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import platform
@@ -210,7 +211,9 @@ def run(
             if progress is not None:
                 progress.advance(message, steps)
 
-        results.append(bench_workload(workload, plan, quick=quick, progress=counting))
+        w0 = time.perf_counter()
+        done_result = bench_workload(workload, plan, quick=quick, progress=counting)
+        results.append(dataclasses.replace(done_result, duration_s=time.perf_counter() - w0))
         if progress is not None and done < _steps(workload, plan):
             progress.advance("", _steps(workload, plan) - done)
     return BenchResult(

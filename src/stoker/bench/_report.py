@@ -12,6 +12,7 @@ JSON schema ``stoker.bench/1`` (``stoker bench --json out.json``)::
       "workloads": [{
         "name": "tiny", "description": "...", "batch_size": 256, "mode": "steady",
         "error": null,                       # why the workload could not run, if it could not
+        "duration_s": 24.5,                  # wall seconds this workload took
         "ideal": {"cores": 2, "cpu_s_per_sample": 2.6e-06, "wall_s_per_sample": 2.7e-06,
                   "samples": 113408, "note": "...", "samples_per_s": 763947.0},
         "grid": [{"num_workers": 0, "prefetch_factor": null, "samples_per_s": 345015.2,
@@ -152,7 +153,7 @@ def _table(w: WorkloadResult) -> Any:
     from rich.table import Table
 
     table = Table(
-        title=f"[bold]{w.name}[/]: {w.description}",
+        title=f"[bold]{w.name}[/]: {w.description} [dim]({w.duration_s:.0f} s)[/]",
         title_justify="left",
         header_style="bold",
     )
@@ -274,6 +275,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
                 "batch_size": w.batch_size,
                 "mode": w.mode,
                 "error": w.error,
+                "duration_s": w.duration_s,
                 "ideal": ideal,
                 "grid": [vars(p).copy() for p in w.grid],
                 "notes": list(w.notes),
@@ -350,6 +352,7 @@ def from_json(data: dict[str, Any]) -> BenchResult:
                     grid=tuple(GridPoint(**p) for p in w["grid"]),
                     notes=tuple(w["notes"]),
                     error=w["error"],
+                    duration_s=w.get("duration_s", 0.0),
                 )
             )
         return BenchResult(

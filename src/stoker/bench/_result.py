@@ -168,6 +168,7 @@ class WorkloadResult:
         grid: torch's grid search points (empty in ``epochs`` mode).
         notes: remarks printed under the table (reduced grid, skipped contenders...).
         error: why the workload could not run at all, else ``None``.
+        duration_s: wall seconds the workload took (data generation included).
     """
 
     name: str
@@ -179,6 +180,7 @@ class WorkloadResult:
     grid: tuple[GridPoint, ...] = ()
     notes: tuple[str, ...] = ()
     error: str | None = None
+    duration_s: float = 0.0
 
     def with_role(self, role: Role) -> ContenderResult | None:
         """The first contender playing ``role`` that ran, or ``None``."""
