@@ -182,7 +182,9 @@ def test_shuffle_order_matches_reference_for_same_seed(
         generator=torch.Generator().manual_seed(11),
         **extra,
     )
-    assert _shuffled_epochs(loader, 3) == torch_shuffle_orders(33, 11, 3, persistent)
+    got = _shuffled_epochs(loader, 3)
+    del loader  # release the workers now, also when the assertion below fails
+    assert got == torch_shuffle_orders(33, 11, 3, persistent)
 
 
 # -- seeds and worker info ---------------------------------------------------------------------

@@ -101,3 +101,40 @@ def test_iterable_interleaves_like_torch(
     )
     got = to_lists(loader)
     assert got == torch_sharded_iterable_batches(n, workers, batch_size, drop_last)
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+@CI_SETTINGS
+@given(
+    n=st.integers(1, 40),
+    batch_size=st.integers(1, 6),
+    workers=st.integers(1, 3),
+    stops=st.lists(st.none() | st.integers(0, 8), min_size=1, max_size=4),
+    in_order=st.booleans(),
+)
+def test_abandoned_epochs_never_leak_into_the_next(
+    kind: str, n: int, batch_size: int, workers: int, stops: list[int | None], in_order: bool
+) -> None:
+    """Persistent workers, epochs broken off at random points: every epoch starts clean."""
+    loader = LOADERS[kind](
+        RangeDataset(n),
+        batch_size=batch_size,
+        num_workers=workers,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        in_order=in_order,
+    )
+    expected = [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+    for stop in [*stops, None]:  # the last epoch always runs to the end
+        got = []
+        for batch in loader:
+            if stop is not None and len(got) == stop:
+                break
+            got.append(batch.tolist())
+        if stop is None or stop >= len(expected):
+            assert (got if in_order else sorted(got)) == expected
+        elif in_order:
+            assert got == expected[:stop]
+        else:
+            assert len(got) == stop and all(b in expected for b in got)
+            assert len({tuple(b) for b in got}) == stop
