@@ -68,6 +68,13 @@ def test_map_style_delivers_what_torch_delivers(
         )
         return to_lists(loader)
 
+    if n == 0 and shuffle_seed is not None:  # RandomSampler refuses an empty dataset
+        with pytest.raises(ValueError, match="num_samples") as theirs:
+            build(tud.DataLoader, 0)
+        with pytest.raises(ValueError) as ours:
+            build(LOADERS[kind], workers, multiprocessing_context="fork")
+        assert str(ours.value) == str(theirs.value)
+        return
     expected = build(tud.DataLoader, 0)
     got = build(LOADERS[kind], workers, multiprocessing_context="fork", in_order=in_order)
     if in_order:
