@@ -75,7 +75,7 @@ def case_iterate(dataset: Any, workers: int, epochs: int = 1, **kwargs: Any) -> 
             "listed": [dataclasses.astuple(f) for f in getattr(exc, "failures", [])],
         }
     failures = [dataclasses.astuple(f) for f in loader.failures]
-    pids = [p.pid for p in getattr(loader._iterator, "_workers", [])]
+    pids = [_pid(p) for p in getattr(loader._iterator, "_workers", [])]
     stats_failures: int | None = None
     stats_error = ""
     try:
@@ -93,6 +93,13 @@ def case_iterate(dataset: Any, workers: int, epochs: int = 1, **kwargs: Any) -> 
         "stats_error": stats_error,
         "pids": pids,
     }
+
+
+def _pid(proc: Any) -> int | None:
+    try:
+        return int(proc.pid)
+    except (ValueError, AttributeError, TypeError):  # a closed process object
+        return None
 
 
 def _indices(r: dict[str, Any]) -> list[int]:
