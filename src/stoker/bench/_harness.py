@@ -239,23 +239,26 @@ def _timed_run(
     seed: int,
     run_s: float,
     ideal: Ideal,
+    rounds: int = 2,
 ) -> RunSample:
     """Build, warm up, time one run (or ``workload.epochs`` epochs), shut down.
 
-    The warm-up (``steady`` mode) is a complete short pass of ``num_workers + 1`` batches, so
-    that no warm-up work is still in flight when the timed pass starts.
+    The warm-up (``steady`` mode) is a complete short pass of one batch per worker, so that
+    every worker has started and no warm-up work is still in flight when the timed pass
+    starts. A time-bounded run lasts ``run_s`` and at least ``rounds`` batches per worker
+    (whole rounds, so that the last round is not half empty).
     """
     baseline = TreeMeter.children_now()
     steady = workload.mode == "steady"
     bs = workload.batch_size
     if steady:
         samples = max(8 * bs, int(ideal.samples_per_s * run_s * RUN_SAMPLES_HEADROOM))
-        warmup: int | None = bs * (spec.num_workers + 1)
+        warmup: int | None = bs * max(1, spec.num_workers)
     else:  # one epoch = one pass over the dataset
         samples, warmup = (0 if isinstance(dataset, tud.IterableDataset) else len(dataset)), None
     sampler = _sampler(dataset, workload, seed, samples, warmup)
     loader = build_loader(spec, dataset, bs, sampler, plan.multiprocessing_context)
-    min_batches = max(1, spec.num_workers) + 2
+    min_batches = rounds * max(1, spec.num_workers)
     time_bound = run_s if workload.samples_per_run is None else None
     try:
         if steady:
@@ -309,7 +312,7 @@ def _search_grid(
     for spec in plan.grid():
         try:
             run = _timed_run(
-                spec, dataset, workload, plan, seed=0, run_s=plan.grid_run_s, ideal=ideal
+                spec, dataset, workload, plan, seed=0, run_s=plan.grid_run_s, ideal=ideal, rounds=1
             )
             point = GridPoint(spec.num_workers, spec.prefetch_factor, run.samples_per_s)
         except Exception as exc:  # a configuration that fails is reported, not fatal

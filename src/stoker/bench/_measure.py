@@ -26,8 +26,10 @@ class TreeUsage:
     """What one timed run cost.
 
     Attributes:
-        main_cpu_s: CPU seconds (user + system) of the main process, meter thread excluded.
-        tree_cpu_s: CPU seconds of the main process plus its workers.
+        main_cpu_s: CPU seconds (user + system, all threads) of the main process, read with
+            nanosecond resolution (``time.process_time``), the meter's own thread excluded.
+        tree_cpu_s: CPU seconds of the main process plus its workers (workers are read from
+            /proc in clock ticks, 10 ms).
         peak_pss_bytes: highest total PSS of main + workers seen during the run.
     """
 
@@ -108,14 +110,14 @@ class TreeMeter:
                 self._start_children[proc.pid] = cpu
         times = os.times()
         self._start_reaped = times.children_user + times.children_system
-        self._start_main = _cpu(self._me) or 0.0
+        self._start_main = time.process_time()
         self._thread = threading.Thread(target=self._sampler, name="stoker-bench-meter")
         self._thread.daemon = True
         self._thread.start()
 
     def stop(self) -> TreeUsage:
         """Stop sampling and return the run's usage (call once, after :meth:`start`)."""
-        end_main = _cpu(self._me) or 0.0
+        end_main = time.process_time()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
