@@ -117,10 +117,12 @@ class TreeMeter:
 
     def stop(self) -> TreeUsage:
         """Stop sampling and return the run's usage (call once, after :meth:`start`)."""
-        end_main = time.process_time()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        # Read after the join, so that every CPU second the sampler thread spent (and that
+        # _sampler_cpu subtracts) lies inside the measured interval.
+        end_main = time.process_time()
         self._sample_pss()
         main = max(0.0, end_main - self._start_main - self._sampler_cpu)
         children = 0.0

@@ -164,11 +164,10 @@ def _table(w: WorkloadResult) -> Any:
         table.columns[-1].header = "1st batch ms/epoch"
     fastest = w.torch_best
     for c in w.contenders:
-        texts = [_ROLE_TEXT.get(r, r) for r in c.roles]
-        if c is fastest:
-            texts.append("[bold]fastest torch[/]")
-        role = ", ".join(t for t in texts if t)
+        role = ", ".join(t for t in (_ROLE_TEXT.get(r, r) for r in c.roles) if t)
         name = f"[bold]{c.name}[/]" if c.library == "stoker" else c.name
+        if c is fastest:
+            name += " [bold]*[/]"
         if not c.ok:
             table.add_row(name, role, f"[red]failed: {c.error}[/]")
             continue
@@ -226,9 +225,9 @@ def render(result: BenchResult, console: Any = None) -> None:
     out.print(
         "roles: baseline = no workers; seed recipe = 0.7 x cores workers, prefetch_factor=4, "
         "persistent (pinned with CUDA); same nw = stoker's num_workers at torch's better "
-        "prefetch_factor; grid best = winner of torch's short grid search; fastest torch = the "
-        "torch row with the highest median here. x best / x same: samples/s relative to the "
-        "fastest torch and to same nw; main ms/batch: CPU of the main process per batch; "
+        "prefetch_factor; grid best = winner of torch's short grid search; * = torch's best: "
+        "the torch row with the highest median here. x best / x same: samples/s relative to "
+        "torch's best and to same nw; main ms/batch: CPU of the main process per batch; "
         "CPU s/1k: CPU seconds of main + workers per 1,000 samples.",
         style="dim",
     )
