@@ -214,13 +214,13 @@ def render(result: BenchResult, console: Any = None) -> None:
             out.print(f"[bold]{w.name}[/]: [yellow]not run: {w.error}[/]")
             continue
         out.print(_table(w))
-        out.print(f"  [bold]verdict:[/] {verdict(w)}")
+        out.print(f"  [bold]verdict:[/] {verdict(w)}", highlight=False)
         if w.ideal is not None:
             out.print(
                 f"  ideal {w.ideal.samples_per_s:,.0f} samples/s = {w.ideal.note}", style="dim"
             )
         for note in w.notes:
-            out.print(f"  {note}", style="dim")
+            out.print(f"  {note}", style="dim", highlight=False)
     out.print()
     out.print(
         "roles: baseline = no workers; seed recipe = 0.7 x cores workers, prefetch_factor=4, "
@@ -239,7 +239,7 @@ def render(result: BenchResult, console: Any = None) -> None:
     )
     out.print(f"[bold]total time[/]: {result.duration_s:.0f} s")
     for w in result.workloads:
-        out.print(f"  [bold]{w.name}[/]: {verdict(w)}")
+        out.print(f"  [bold]{w.name}[/]: {verdict(w)}", highlight=False)
 
 
 def _summary(w: WorkloadResult, c: ContenderResult) -> dict[str, Any]:
