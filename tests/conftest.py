@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing.resource_tracker
 import os
 import time
 from collections.abc import Iterator
@@ -32,6 +33,17 @@ def _shm_entries() -> set[str]:
 
 def _fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker_running() -> None:
+    """Start multiprocessing's resource tracker before the first test.
+
+    It starts the first time a spawn/forkserver child or a shared-memory segment needs it and
+    then lives for the whole session; started here, the leak check never blames the test that
+    happened to need it first.
+    """
+    multiprocessing.resource_tracker.ensure_running()
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,10 @@ def test_round_trip(tmp_path):
     )
     assert path.read_text().startswith("# found by stoker tune\n# 2.1x")
     assert load_config(path) == {
-        "backend": "thread", "num_workers": 3, "prefetch_factor": 4, "pin_memory": False,
+        "backend": "thread",
+        "num_workers": 3,
+        "prefetch_factor": 4,
+        "pin_memory": False,
     }
 
 

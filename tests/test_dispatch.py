@@ -107,13 +107,21 @@ def test_real_workers_deliver_what_torch_single_process_delivers(
 ):
     ds = _Indexed(size)
     ref = torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+        ds,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
         generator=torch.Generator().manual_seed(3),
     )
     want = [b.view(-1).tolist() for b in ref]
     loader = stoker.DataLoader(
-        ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=workers,
-        generator=torch.Generator().manual_seed(3), in_order=in_order,
+        ds,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(3),
+        in_order=in_order,
         multiprocessing_context="fork",
     )
     got = [b.view(-1).tolist() for b in loader]

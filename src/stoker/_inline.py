@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from stoker._resume import EpochState
-from stoker._seeding import batch_seed, seed_all
+from stoker._resume import EpochState, warn_fast_forward
+from stoker._seeding import batch_seed, draw_base_seed, epoch_seed, seed_all
 from stoker._stats import LoaderStats
 from stoker.faults import Failure
 from stoker.workers._fetch import BatchFetcher, SkipBatch
@@ -38,20 +38,28 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         self._wait_s = 0.0
         self._samples = 0
         self._failed_samples = 0
+        self._iter_epoch = 0
         self._begin_epoch(loader, rng_at_start, first=True)
 
     def _begin_epoch(self, loader: Any, rng_at_start: torch.Tensor, first: bool) -> None:
         resume: EpochState | None = loader._resume_state
         loader._resume_state = None
+        if not first:
+            self._iter_epoch += 1
         if resume is not None:
             resume.restore_rng(loader.generator)
             resume.restore_sampler(self._index_sampler)
             rng_at_start = resume.rng if resume.rng is not None else rng_at_start
             self._sampler_iter = iter(self._index_sampler)
-        if not first or resume is not None:
-            self._base_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-            )
+            # Replay the draws that followed the saved state: an iterator's first epoch began
+            # with its base-seed draw; later epochs of a persistent one draw nothing.
+            if resume.base_seed is None or resume.iter_epoch == 0:
+                drawn = draw_base_seed(loader.generator)
+            if resume.base_seed is not None:
+                self._base_seed, self._iter_epoch = resume.base_seed, resume.iter_epoch
+            else:  # a fresh iterator's draw, from the restored random state
+                self._base_seed, self._iter_epoch = drawn, 0
+        self._epoch_seed = epoch_seed(int(self._base_seed), self._iter_epoch)
         epoch = resume.epoch if resume is not None else loader._epochs_started
         loader._epochs_started = epoch + 1
         self._state = EpochState(
@@ -59,8 +67,12 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             rng=rng_at_start,
             sampler=EpochState.capture_sampler(self._index_sampler),
             delivered=set(resume.delivered) if resume is not None else set(),
+            base_seed=int(self._base_seed),
+            iter_epoch=self._iter_epoch,
         )
         loader._epoch_state = self._state
+        if resume is not None and resume.delivered and self._iterable:
+            warn_fast_forward(len(resume.delivered))
         self._device_stage: Any = None
         if loader.device is not None:
             from stoker.device import make_stage
@@ -104,10 +116,11 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
                 raise
             idx = self._task
             self._task += 1
-            if idx in state.delivered:
+            replay = idx in state.delivered
+            if replay and not self._iterable:
                 continue
             saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
-            seed = batch_seed(int(self._base_seed), idx)
+            seed = batch_seed(self._epoch_seed, idx)
             seed_all(seed)
             try:
                 batch, failures = self._fetcher.fetch(index, seed)
@@ -121,8 +134,12 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
                 torch.set_rng_state(saved[0])
                 random.setstate(saved[1])
                 np.random.set_state(saved[2])
+            if replay:  # an iterable stream passing what was delivered before the checkpoint
+                continue
             if failures:
                 self._record(failures)
+            if self._failures and isinstance(self._policy.max_failures, float):
+                self._policy.check(self._failures, self._samples + self._failed_samples)
             state.delivered.add(idx)
             self._samples += len(index) if self._auto_collation else 1
             if self._pin_memory:

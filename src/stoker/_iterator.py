@@ -13,15 +13,16 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import errno
 import itertools
 import multiprocessing as mp
 import os
+import signal
 import time
 import weakref
 from typing import Any
 
 import cloudpickle
-import torch
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
@@ -29,11 +30,11 @@ from stoker._autotune import Controller, Observation
 from stoker._dispatch import TaskBook
 from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
-from stoker._resume import EpochState
-from stoker._seeding import batch_seed
+from stoker._resume import EpochState, warn_fast_forward
+from stoker._seeding import batch_seed, draw_base_seed, epoch_seed
 from stoker._spawn import check_main_guard, explain_early_worker_death, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
-from stoker.errors import ConfigError, WorkerError, WorkerTimeoutError
+from stoker.errors import ConfigError, SharedMemoryError, WorkerError, WorkerTimeoutError
 from stoker.faults import Failure
 from stoker.transport import SlotMap, decode, reclaim_stale_segments, slot_prefix
 from stoker.workers import WorkerPool
@@ -87,6 +88,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         self._restarts = 0
         self._epoch = -1
         self._epoch_seed: int = int(self._base_seed)
+        self._iter_epoch = 0  # epochs this iterator started before the current one
         self._state: EpochState | None = None
         self._sampler_done = False
         self._active = [True] * self._num_workers
@@ -112,6 +114,13 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
 
         ctx = loader.multiprocessing_context or mp.get_context()
         directory = shm_dir()
+        if not (os.path.isdir(directory) and os.access(directory, os.W_OK)):
+            raise SharedMemoryError(
+                errno.ENOENT,
+                f"The shared-memory directory {directory!r} does not exist or is not writable: "
+                "point STOKER_SHM_DIR at a writable tmpfs directory (or unset it for /dev/shm), "
+                'or use `backend="thread"`, which needs no shared memory.',
+            )
         reclaim_stale_segments(directory)
         n = self._num_workers
         budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes(directory) * SHM_BUDGET_FRACTION / n))
@@ -155,6 +164,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         self._workers = self._pool.processes
         self._ctl_last = (time.monotonic(), 0.0, 0.0, 0.0, 0)  # time, wait, busy, cpu, batches
         self._ctl_idle = _idle_seconds()
+        self._ready: set[int] = set()
+        self._fast_forward: set[int] = set()
         self._ctl_latencies: list[float] = []
         self._ctl_settled = time.monotonic() + CONTROL_INTERVAL_S  # start-up is not measured
         self._retiring = 0
@@ -170,14 +181,20 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         if not first_iter:
             rng_at_start = EpochState.capture_rng(loader.generator)
             super()._reset(loader)
+            self._iter_epoch += 1
         if resume is not None:
             resume.restore_rng(loader.generator)
             resume.restore_sampler(self._index_sampler)
             self._sampler_iter = iter(self._index_sampler)
-        if not first_iter or resume is not None:
-            self._epoch_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-            )
+            # Replay the draws that followed the saved state: an iterator's first epoch began
+            # with its base-seed draw; later epochs of a persistent one draw nothing.
+            if resume.base_seed is None or resume.iter_epoch == 0:
+                drawn = draw_base_seed(loader.generator)
+            if resume.base_seed is not None:
+                self._base_seed, self._iter_epoch = resume.base_seed, resume.iter_epoch
+            else:  # a fresh iterator's draw, from the restored random state
+                self._base_seed, self._iter_epoch = drawn, 0
+        self._epoch_seed = epoch_seed(int(self._base_seed), self._iter_epoch)
         pool = self._pool
         if pool is None or pool.closed:
             return
@@ -194,6 +211,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             rng=rng_at_start if resume is None or resume.rng is None else resume.rng,
             sampler=EpochState.capture_sampler(self._index_sampler),
             delivered=set(resume.delivered) if resume is not None else set(),
+            base_seed=int(self._base_seed),
+            iter_epoch=self._iter_epoch,
         )
         loader._epoch_state = self._state
         if self._device is not None:
@@ -202,6 +221,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._device_stage = stage = make_stage(self._next_host, self._device)
             self._state.in_flight = lambda: stage.in_flight
         self._book = TaskBook(self._in_order)
+        self._fast_forward = set()
+        if resume is not None and resume.delivered and self._iterable:
+            warn_fast_forward(len(resume.delivered))
         self._retiring = 0  # a retire request drained with the old tasks is void
         self._sampler_done = False
         self._active = [True] * self._num_workers
@@ -266,8 +288,10 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 return
             idx = book.issue(index)
             if idx in delivered:  # resumed epoch: delivered before the checkpoint
-                book.skip(idx)
-                continue
+                if not self._iterable:
+                    book.skip(idx)
+                    continue
+                self._fast_forward.add(idx)  # a stream must pass it: load it, then drop it
             msg = ("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index)
             if worker is None:
                 pool.put_task(msg)
@@ -293,6 +317,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                     self._control()
                 return got[0], self._deliver(*got)
             if book.outstanding == 0 and self._sampler_done:
+                # Every worker must have reported its setup: a worker_init_fn that fails in
+                # a worker nobody waited on must still surface (torch raises it too).
+                self._await_ready(t0)
                 self._wait_s += time.perf_counter() - t0
                 if self._state is not None:
                     self._state.finished = True
@@ -323,6 +350,13 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 for msg in leftovers:
                     self._handle(msg)
                 self._worker_died(worker_id, pid, code)
+
+    def _await_ready(self, t0: float) -> None:
+        pool = self._pool
+        while pool is not None and not pool.closed:
+            if all(i in self._ready for i in pool.active):
+                return
+            self._receive(t0)
 
     def _waited_on(self) -> tuple[int | None, int | None, float | None]:
         """``(worker id, task index, started)`` of the batch the consumer waits for."""
@@ -366,6 +400,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         pool = self._pool
         assert pool is not None
         how = describe_exit(code)
+        if code == -signal.SIGBUS:
+            how += f"; {shm_dir()} has {shm_free_bytes()} bytes free now"
         if self._restarts_left <= 0 or self._iterable:
             self._shutdown()
             why = (
@@ -402,6 +438,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                     busy.add(task)
         queued_ids = {m[2] for m in queued if m[0] == "B" and m[1] == self._epoch}
         lost = [i for i in self._book.pending() if i not in busy and i not in queued_ids]
+        self._ready.discard(worker_id)
         pool.restart(worker_id)
         self._workers = pool.processes
         pool.send_ctrl(worker_id, self._catch_up_message())
@@ -498,6 +535,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._shutdown()
             raise unpack_exception(packed, worker_id, pid, None)
         epoch, idx, wid = msg[1], msg[2], msg[3]
+        if kind == "A":  # a worker finished its setup (worker_init_fn) and is ready
+            self._ready.add(wid)
+            return
         if kind == "R":  # a worker retired on request (num_workers="auto")
             pool = self._pool
             if pool is not None:
@@ -512,6 +552,14 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 self._ctl_latencies.append(msg[4])
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
+            return
+        if idx in self._fast_forward:  # delivered before the checkpoint: drop it again
+            self._fast_forward.discard(idx)
+            self._discard(msg)
+            if kind == "Z":
+                self._active[wid] = False
+            self._book.skip(idx)
+            self._fill()
             return
         if kind == "Z":
             self._active[wid] = False
@@ -551,6 +599,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         slot, payload, fallback = msg[5], msg[7], msg[8]
         self._fallbacks += fallback
         self._samples += len(index) if self._auto_collation and index is not None else 1
+        if self._failures and isinstance(self._policy.max_failures, float):
+            # A fractional limit can be exceeded by early failures alone: check as samples come.
+            self._policy.check(self._failures, self._samples + self._failed_samples)
         batch = payload if self._backend == "thread" else decode(payload, slot, self._slots)
         if self._pin_memory:
             batch = _pin_memory(batch, self._pin_memory_device)

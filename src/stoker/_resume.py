@@ -16,7 +16,7 @@ import torch
 
 from stoker.errors import ConfigError
 
-__all__ = ["EpochState"]
+__all__ = ["EpochState", "warn_fast_forward"]
 
 _VERSION = 1
 
@@ -31,6 +31,8 @@ class EpochState:
         sampler: the sampler's ``state_dict()`` at the epoch's start, if it has one.
         delivered: batch indices of this epoch already handed to the consumer.
         finished: the epoch ran to its end.
+        base_seed: the iterator's base seed (None: draw a fresh one, as a new iterator does).
+        iter_epoch: epochs the iterator had started before this one (persistent workers).
     """
 
     # Keys of the saved dictionary.
@@ -40,12 +42,16 @@ class EpochState:
     KEY_SAMPLER = "sampler"
     KEY_DELIVERED = "delivered"
     KEY_FINISHED = "finished"
+    KEY_BASE_SEED = "base_seed"
+    KEY_ITER_EPOCH = "iter_epoch"
 
     epoch: int
     rng: torch.Tensor | None
     sampler: Any = None
     delivered: set[int] = field(default_factory=set)
     finished: bool = False
+    base_seed: int | None = None
+    iter_epoch: int = 0
     # Batches pulled for the device stage but not handed to the consumer yet: not delivered.
     in_flight: Any = None
 
@@ -96,10 +102,20 @@ class EpochState:
             # A prefix count plus the out-of-order rest keeps in-order states tiny.
             self.KEY_DELIVERED: {"prefix": prefix, "rest": ordered[prefix:]},
             self.KEY_FINISHED: self.finished and not ahead,
+            self.KEY_BASE_SEED: self.base_seed,
+            self.KEY_ITER_EPOCH: self.iter_epoch,
         }
 
-    def after(self, rng_now: torch.Tensor) -> EpochState:
-        """The state to resume from when this epoch has finished: the next one, untouched."""
+    def after(self, rng_now: torch.Tensor, persistent: bool) -> EpochState:
+        """The state to resume from when this epoch has finished: the next one, untouched.
+
+        A persistent iterator derives the next epoch's seed from its base seed; a new
+        (non-persistent) one draws a fresh base seed, from ``rng_now``.
+        """
+        if persistent:
+            return EpochState(
+                self.epoch + 1, rng_now, None, set(), False, self.base_seed, self.iter_epoch + 1
+            )
         return EpochState(epoch=self.epoch + 1, rng=rng_now)
 
     @classmethod
@@ -129,4 +145,20 @@ class EpochState:
             sampler=state.get(cls.KEY_SAMPLER),
             delivered=done,
             finished=bool(state[cls.KEY_FINISHED]),
+            base_seed=state.get(cls.KEY_BASE_SEED),
+            iter_epoch=int(state.get(cls.KEY_ITER_EPOCH, 0)),
         )
+
+
+def warn_fast_forward(batches: int) -> None:
+    """An iterable dataset resumes by loading and dropping what was delivered before."""
+    import warnings
+
+    warnings.warn(
+        f"stoker: resuming an iterable dataset mid-epoch: it has no `state_dict`/"
+        f"`load_state_dict` to jump with, so the {batches} batches delivered before the "
+        "checkpoint are loaded again and dropped (fast-forward), which takes as long as "
+        "loading them did.",
+        RuntimeWarning,
+        stacklevel=4,
+    )

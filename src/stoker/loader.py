@@ -313,12 +313,15 @@ class DataLoader(tud.DataLoader):
         Returns:
             A dictionary of plain values and tensors (picklable, ``torch.save``-able).
         """
+        if self._resume_state is not None:  # restored, not iterated yet: still that state
+            return self._resume_state.to_dict()
         state = self._epoch_state
         if state is None:
             fresh = EpochState(self._epochs_started, EpochState.capture_rng(self.generator))
             return fresh.to_dict()
         if state.finished:
-            return state.after(EpochState.capture_rng(self.generator)).to_dict()
+            rng = EpochState.capture_rng(self.generator)
+            return state.after(rng, persistent=bool(self.persistent_workers)).to_dict()
         return state.to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -370,9 +373,18 @@ class DataLoader(tud.DataLoader):
 
     def stats(self) -> LoaderStats:
         """A snapshot of the loader's internals (see :class:`stoker.LoaderStats`)."""
-        iterator = self._iterator or (self._live() if self._live is not None else None)
+        iterator = self._iterator  # `or` would call len() on it
+        if iterator is None and self._live is not None:
+            iterator = self._live()
         if iterator is not None and hasattr(iterator, "stats"):
             return iterator.stats()
+        backend = "inline" if self.num_workers == 0 else self._resolved_backend
         return LoaderStats(
-            backend="inline" if self.num_workers == 0 else "process", num_workers=self.num_workers
+            backend="thread"
+            if backend == "thread"
+            else "inline"
+            if backend == "inline"
+            else "process",
+            num_workers=self.num_workers,
+            failures=len(self.failures),
         )

@@ -9,7 +9,12 @@ and with a different ``num_workers`` (0, 1, 2, 3) or backend (process, thread) a
 resume. Iterable datasets without
 ``state_dict`` fast-forward with a warning.
 
-The reference is always an uninterrupted ``num_workers=0`` run. Every checkpoint goes through
+The reference is an uninterrupted run. Between epochs stoker follows torch's rule: a loader
+with persistent workers (stoker's default with ``num_workers > 0``) takes its seed from the
+``generator`` once, a non-persistent one (``num_workers=0`` included) takes one per epoch. So the
+first epoch is the same for every configuration, and a resumed epoch is exact for any
+``num_workers``; the epochs after it follow the resumed loader's own rule (``reference(True)``
+for persistent loaders, ``reference(False)`` for ``num_workers=0``). Every checkpoint goes through
 ``torch.save``/``torch.load`` as bytes, as a real checkpoint would. A Hypothesis state machine
 interleaves iterating, checkpointing, killing the loader and resuming in a new one.
 """
@@ -78,23 +83,36 @@ def _take(it: Any, k: int) -> list[Batch]:
     return [_rows(next(it)) for _ in range(k)]
 
 
-_REFERENCE: list[list[Batch]] = []
+_REFERENCE: dict[bool, list[list[Batch]]] = {}
 
 
-def reference() -> list[list[Batch]]:
-    """Batches of an uninterrupted ``num_workers=0`` run, per epoch (computed once)."""
-    if not _REFERENCE:
-        loader = _loader(0)
-        _REFERENCE.extend([_rows(b) for b in loader] for _ in range(EPOCHS))
-    return _REFERENCE
+def reference(persistent: bool = True) -> list[list[Batch]]:
+    """Batches of an uninterrupted run, per epoch (computed once per rule).
+
+    ``persistent=True``: a loader with persistent workers (``num_workers=1``);
+    ``persistent=False``: ``num_workers=0``.
+    """
+    if persistent not in _REFERENCE:
+        loader = _loader(1 if persistent else 0)
+        _REFERENCE[persistent] = [[_rows(b) for b in loader] for _ in range(EPOCHS)]
+        del loader
+    return _REFERENCE[persistent]
+
+
+def indices(batches: list[Batch]) -> list[list[int]]:
+    return [[i for i, _ in b] for b in batches]
 
 
 def test_reference_is_a_real_shuffle() -> None:
-    ref = reference()
-    assert len(ref[0]) == 8
-    for epoch in ref:
-        assert Counter(i for b in epoch for i, _ in b) == Counter(range(N))
-    assert ref[0] != ref[1], "epochs must differ for the resume tests to mean anything"
+    for persistent in (True, False):
+        ref = reference(persistent)
+        assert len(ref[0]) == 8
+        for epoch in ref:
+            assert Counter(i for b in epoch for i, _ in b) == Counter(range(N))
+        assert ref[0] != ref[1], "epochs must differ for the resume tests to mean anything"
+    # The first epoch does not depend on the rule; later ones do (as in torch).
+    assert reference(True)[0] == reference(False)[0]
+    assert reference(True)[1] != reference(False)[1]
 
 
 # -- explicit cases --------------------------------------------------------------------------
@@ -102,7 +120,7 @@ def test_reference_is_a_real_shuffle() -> None:
 
 @pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0), (1, 3), (3, 1), (2, 2), (0, 0)])
 def test_mid_epoch_resume_with_another_worker_count(before: int, after: int) -> None:
-    ref = reference()
+    ref = reference(after > 0)
     loader = _loader(before)
     it = iter(loader)
     got = _take(it, 3)
@@ -133,9 +151,6 @@ def test_mid_epoch_resume_with_another_backend(before: str, after: str) -> None:
     rest = [_rows(b) for b in resumed]
     nxt = [_rows(b) for b in resumed]
     del resumed
-
-    def indices(batches: list[Batch]) -> list[list[int]]:
-        return [[i for i, _ in b] for b in batches]
 
     assert indices(got + rest) == indices(ref[0])
     assert indices(nxt) == indices(ref[1])
@@ -228,8 +243,12 @@ def test_checkpoint_at_the_end_of_an_epoch_starts_the_next(after: int) -> None:
     del loader
     resumed = _loader(after)
     resumed.load_state_dict(state)
-    assert [_rows(b) for b in resumed] == ref[1]
-    assert [_rows(b) for b in resumed] == ref[2]
+    assert [_rows(b) for b in resumed] == ref[1]  # the saved (persistent) loader's next epoch
+    third = [_rows(b) for b in resumed]
+    if after:
+        assert third == ref[2]
+    else:  # num_workers=0 takes its next epochs' seeds from the generator, as torch does
+        assert Counter(i for b in third for i, _ in b) == Counter(range(N))
     del resumed
 
 
@@ -309,9 +328,9 @@ def test_breaking_an_epoch_does_not_corrupt_the_next_checkpoint() -> None:
     """An abandoned epoch (early ``break``), then a checkpoint inside the next one.
 
     As with torch, abandoning an epoch changes what the generator has drawn, so the
-    reference is an uninterrupted ``num_workers=0`` run with the same early break.
+    reference is an uninterrupted persistent run with the same early break.
     """
-    ref_loader = _loader(0)
+    ref_loader = _loader(1)
     ref_it = iter(ref_loader)
     _take(ref_it, 2)
     del ref_it
@@ -359,8 +378,9 @@ def test_resume_with_a_sampler_that_has_state_dict(before: int, after: int) -> N
     def make(workers: int) -> stoker.DataLoader:
         return _loader(workers, shuffle=None, sampler=StatefulSampler(N))
 
-    ref_loader = make(0)
+    ref_loader = make(after)
     ref = [[_rows(b) for b in ref_loader] for _ in range(3)]
+    del ref_loader
     assert ref[1] != ref[2]
     loader = make(before)
     for _ in loader:
@@ -374,8 +394,12 @@ def test_resume_with_a_sampler_that_has_state_dict(before: int, after: int) -> N
     rest = [_rows(b) for b in resumed]
     nxt = [_rows(b) for b in resumed]
     del resumed
-    assert got + rest == ref[1]
-    assert nxt == ref[2]
+    if (before > 0) == (after > 0):
+        assert got + rest == ref[1]
+        assert nxt == ref[2]
+    else:  # the sampler's own state decides the order; the seeds follow each loader's rule
+        assert indices(got + rest) == indices(ref[1])
+        assert indices(nxt) == indices(ref[2])
 
 
 class Stream(tud.IterableDataset[int]):
@@ -424,12 +448,14 @@ class ResumeMachine(RuleBasedStateMachine):
     in-order loader must deliver the first of them; an out-of-order one any of them, once.
     A crash takes a checkpoint, lets the doomed loader deliver ``lost`` more batches (lost
     with it: the resumed loader must deliver them again), deletes it, and resumes from the
-    checkpoint in a new loader with a random ``num_workers`` and ``in_order``.
+    checkpoint in a new loader with a random ``num_workers`` of the same persistence class
+    (0, or 1..3: the rule between epochs is torch's, see the module docstring) and ``in_order``.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.ref = reference()
+        self.persistent = True
         self.loader: stoker.DataLoader | None = None
         self.it: Any = None
         self.in_order = True
@@ -442,6 +468,8 @@ class ResumeMachine(RuleBasedStateMachine):
 
     @initialize(workers=st.sampled_from([0, 1, 2]), in_order=st.booleans())
     def start(self, workers: int, in_order: bool) -> None:
+        self.persistent = workers > 0
+        self.ref = reference(self.persistent)
         self.loader = _loader(workers, in_order)
         self.in_order = in_order
         self.remaining = list(self.ref[0])
@@ -498,6 +526,10 @@ class ResumeMachine(RuleBasedStateMachine):
             self._next()
         self.it = None
         self.loader = None  # the run dies: its workers go with the last reference
+        if self.persistent and workers == 0:
+            workers = 3
+        elif not self.persistent:
+            workers = 0
         self.loader = _loader(workers, in_order)
         state = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)["loader"]
         self.loader.load_state_dict(state)

@@ -55,11 +55,17 @@ def _loader(dataset: Any, workers: int, **kwargs: Any) -> stoker.DataLoader:
 
 
 def _reference(epochs: int, seed: int) -> list[list[list[tuple[int, int]]]]:
-    """Batches of an uninterrupted ``num_workers=0`` run, per epoch."""
+    """Batches of an uninterrupted run with persistent workers, per epoch.
+
+    (Between epochs a persistent loader and a ``num_workers=0`` one draw their seeds by
+    torch's two different rules; within an epoch any worker count gives the same batches.)
+    """
     loader = _loader(
-        RandomDataset(N), 0, shuffle=True, generator=torch.Generator().manual_seed(seed)
+        RandomDataset(N), 1, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )
-    return [[_rows(b) for b in loader] for _ in range(epochs)]
+    out = [[_rows(b) for b in loader] for _ in range(epochs)]
+    del loader
+    return out
 
 
 # -- cases (run in a forked child) -----------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import multiprocessing.resource_tracker
 import os
 import sys
 from pathlib import Path
@@ -47,13 +46,6 @@ def make_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: in
             Image.fromarray(pixels).save(target, quality=90)
         (folder / "notes.txt").write_text("not an image")
     return root
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _resource_tracker_running() -> None:
-    # Spawned workers start multiprocessing's session-long resource tracker; start it before
-    # the first test so that the leak fixture does not blame the test that triggered it.
-    multiprocessing.resource_tracker.ensure_running()
 
 
 @pytest.fixture

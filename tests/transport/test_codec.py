@@ -119,7 +119,7 @@ def test_non_contiguous_tensor_arrives_with_the_same_values(pool):
 def test_tensor_that_requires_grad_takes_the_ordinary_path(pool):
     arena, slots = pool
     t = torch.ones(3, requires_grad=True)
-    out, enc = roundtrip([t, torch.zeros(2)], arena, slots)
+    out, _enc = roundtrip([t, torch.zeros(2)], arena, slots)
     assert out[0].requires_grad and torch.equal(out[0].detach(), torch.ones(3))
     assert torch.equal(out[1], torch.zeros(2))
 
@@ -133,7 +133,7 @@ def test_batch_without_tensors_uses_no_slot(pool):
 
 def test_slot_is_freed_only_when_the_last_view_dies(pool):
     arena, slots = pool
-    out, enc = roundtrip({"a": torch.ones(1000), "b": torch.zeros(10)}, arena, slots)
+    out, _enc = roundtrip({"a": torch.ones(1000), "b": torch.zeros(10)}, arena, slots)
     assert slots.busy() == 1
     a = out["a"][10:20]  # a view of a view keeps the slot
     del out

@@ -46,6 +46,8 @@ RETIRE = b"R"
 PARENT_POLL_S = 0.25
 _PROTOCOL = 5
 _PR_SET_PDEATHSIG = 1
+# Sent by the kernel to a worker when the main process (thread) that started it dies.
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
 @dataclass(frozen=True)
@@ -81,19 +83,22 @@ def _watch_parent(ppid: int, prefix: str) -> None:
 
 
 def _set_pdeathsig(ppid: int, prefix: str) -> None:
-    """Get SIGTERM when the parent dies; then unlink the pool's files and exit at once."""
+    """Get :data:`PARENT_DEATH_SIGNAL` when the parent dies: unlink the pool's files, exit.
 
-    def on_term(signum: int, frame: Any) -> None:
-        if os.getppid() != ppid:
-            _cleanup_pool_files(prefix)
+    A signal of its own, not SIGTERM: the kernel may send it while ``getppid()`` still names
+    the dying parent, so the handler cannot tell a parent's death from a polite SIGTERM.
+    """
+
+    def on_parent_death(signum: int, frame: Any) -> None:
+        _cleanup_pool_files(prefix)
         os._exit(1)
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(PARENT_DEATH_SIGNAL, on_parent_death)
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != ppid:  # the parent died before prctl took effect
-        on_term(signal.SIGTERM, None)
+        on_parent_death(PARENT_DEATH_SIGNAL, None)
 
 
 def _cap_threads(n: int) -> None:
@@ -155,6 +160,7 @@ class _Worker:
             except BaseException as exc:
                 self.send(("F", spec.worker_id, pack_exception(exc, "running `worker_init_fn`")))
                 return False
+        self.send(("A", -1, -1, spec.worker_id))  # ready
         return True
 
     # -- epochs --------------------------------------------------------------------------
@@ -207,6 +213,8 @@ class _Worker:
             if self.fetcher_error is not None:
                 # Reported once; the worker then counts as exhausted for this epoch.
                 error, self.fetcher_error = self.fetcher_error, None
+                if self.spec.on_error != "raise":
+                    raise SkipBatch([(None, type(error).__qualname__, str(error), None)])
                 raise error
             if self.fetcher is None:
                 raise StopIteration

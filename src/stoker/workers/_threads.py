@@ -106,6 +106,7 @@ class _ThreadWorker:
                 return
         if not spec.iterable:
             self.fetcher = self._new_fetcher()
+        pool.results.put(("A", -1, -1, spec.worker_id))  # ready
         tasks = pool.ctrl[spec.worker_id] if spec.iterable else pool.tasks
         while not pool.closed:
             msg = tasks.get()
@@ -133,6 +134,8 @@ class _ThreadWorker:
         try:
             if self.fetcher_error is not None:
                 error, self.fetcher_error = self.fetcher_error, None
+                if self.spec.on_error != "raise":
+                    raise SkipBatch([(None, type(error).__qualname__, str(error), None)])
                 raise error
             if self.fetcher is None:
                 raise StopIteration
