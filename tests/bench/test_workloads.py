@@ -31,7 +31,8 @@ BUILTIN = {"tiny", "large", "jpeg", "heavytail", "io", "memory", "epochs"}
 def test_registry_holds_the_issue_workloads() -> None:
     known = builtin_workloads()
     assert BUILTIN <= set(known)
-    assert {n for n, w in known.items() if w.in_quick} >= {"tiny", "large", "jpeg", "heavytail"}
+    # heavytail is left out of --quick: a 1% tail needs longer runs than quick mode gives.
+    assert {n for n, w in known.items() if w.in_quick} == {"tiny", "large", "jpeg"}
     assert known["tiny"].batch_size == 256 and known["large"].batch_size == 64
     assert known["epochs"].mode == "epochs" and known["epochs"].epochs == 3
 

@@ -115,6 +115,7 @@ def make_plan(
             f"torch grid: num_workers in {{{', '.join(map(str, grid))}}} x prefetch_factor {{2, 4}}"
         )
     return Plan(
+        stoker_auto=not quick,
         repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,

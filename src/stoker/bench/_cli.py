@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         dest="workloads",
         help=f"workload to run (repeatable): {', '.join(WORKLOAD_NAMES)}. Default: all, or "
-        "tiny, large, jpeg and heavytail with --quick.",
+        "tiny, large and jpeg with --quick.",
     )
     parser.add_argument(
         "--quick",

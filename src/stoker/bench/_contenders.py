@@ -51,6 +51,7 @@ class ContenderSpec:
     persistent_workers: bool | None = None
     pin_memory: bool = False
     roles: tuple[Role, ...] = field(default=(), compare=False)
+    auto: bool = False  # stoker with num_workers="auto" (num_workers is then its start)
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -63,6 +64,8 @@ class ContenderSpec:
     @property
     def name(self) -> str:
         """Label for the table: library, then what differs from its defaults."""
+        if self.auto:
+            return f"{self.library} auto"
         if self.library not in ("torch", "stoker") or (
             self.library == "stoker"
             and self.prefetch_factor is None
@@ -81,7 +84,7 @@ class ContenderSpec:
     @property
     def config(self) -> dict[str, Any]:
         return {
-            "num_workers": self.num_workers,
+            "num_workers": "auto" if self.auto else self.num_workers,
             "prefetch_factor": self.prefetch_factor,
             "persistent_workers": self.persistent_workers,
             "pin_memory": self.pin_memory,
@@ -94,7 +97,11 @@ def recommended_workers(cores: int) -> int:
 
 
 def standard_contenders(
-    cores: int, stoker_workers: int, best: ContenderSpec | None, same_prefetch: int
+    cores: int,
+    stoker_workers: int,
+    best: ContenderSpec | None,
+    same_prefetch: int,
+    stoker_auto: bool = False,
 ) -> list[ContenderSpec]:
     """torch's reference configurations and stoker with its defaults (before merging).
 
@@ -103,6 +110,7 @@ def standard_contenders(
         stoker_workers: stoker's ``num_workers``.
         best: torch's best grid configuration, if a grid ran.
         same_prefetch: torch's better ``prefetch_factor`` at ``stoker_workers``.
+        stoker_auto: also stoker with ``num_workers="auto"`` (and ``prefetch_factor="auto"``).
     """
     cuda = torch.cuda.is_available()
     specs = [
@@ -115,6 +123,8 @@ def standard_contenders(
     if best is not None:
         specs.append(replace(best, roles=("torch-best",)))
     specs.append(ContenderSpec("stoker", stoker_workers, roles=("stoker",)))
+    if stoker_auto:
+        specs.append(ContenderSpec("stoker", stoker_workers, auto=True, roles=("stoker-auto",)))
     return specs
 
 
@@ -164,6 +174,9 @@ def build_loader(
             kwargs["prefetch_factor"] = spec.prefetch_factor
         if spec.persistent_workers is not None:
             kwargs["persistent_workers"] = spec.persistent_workers
+        if spec.auto:
+            kwargs["prefetch_factor"] = "auto"
+            return DataLoader(dataset, num_workers="auto", pin_memory=spec.pin_memory, **kwargs)
         return DataLoader(
             dataset, num_workers=spec.num_workers, pin_memory=spec.pin_memory, **kwargs
         )

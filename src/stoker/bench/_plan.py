@@ -45,6 +45,7 @@ class Plan:
         stoker_workers: stoker's ``num_workers``.
         cores: usable cores.
         multiprocessing_context: start method for every loader with workers (``None``: default).
+        stoker_auto: also measure stoker with ``num_workers="auto"`` (full mode).
     """
 
     repeats: int
@@ -58,6 +59,7 @@ class Plan:
     stoker_workers: int
     cores: int
     multiprocessing_context: str | None = None
+    stoker_auto: bool = False
 
     def __post_init__(self) -> None:
         if self.repeats < 1:

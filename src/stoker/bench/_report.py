@@ -82,6 +82,7 @@ _ROLE_TEXT = {
     "torch-best": "grid best",
     "torch-persistent": "persistent",
     "stoker": "defaults",
+    "stoker-auto": 'num_workers="auto"',
     "optional": "optional",
     "torch-other": "",
 }
@@ -116,6 +117,10 @@ def verdict(w: WorkloadResult) -> str:
     frac = w.fraction_of_ideal(st)
     if frac is not None:
         parts.append(f"{frac:.0%} of this machine's limit")
+    auto = next((c for c in w.contenders if "stoker-auto" in c.roles and c.ok), None)
+    r_auto = w.ratio_to_best(auto) if auto is not None else None
+    if r_auto is not None:
+        parts.append(f'num_workers="auto" {r_auto:.2f}x torch\'s best')
     mine, theirs = st.peak_pss_bytes, same.peak_pss_bytes if same else None
     pss_ratio = ratio(mine, theirs)
     if mine is not None and theirs is not None and pss_ratio is not None:

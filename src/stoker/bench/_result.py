@@ -31,6 +31,7 @@ Role = Literal[
     "torch-persistent",
     "torch-other",
     "stoker",
+    "stoker-auto",
     "optional",
 ]
 

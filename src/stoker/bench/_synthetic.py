@@ -190,7 +190,7 @@ register(
         description="~2 ms of numpy per sample, 1% of samples wait 150 ms more",
         make_dataset=_heavytail,
         batch_size=64,
-        in_quick=True,
+        in_quick=False,  # a 1% tail needs runs longer than quick mode gives it
     )
 )
 register(
