@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from stoker._resume import EpochState, warn_fast_forward
+from stoker._resume import EpochState, stateful, warn_fast_forward
 from stoker._seeding import batch_seed, draw_base_seed, epoch_seed, seed_all
 from stoker._stats import LoaderStats
 from stoker.faults import Failure
@@ -69,10 +69,25 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             delivered=set(resume.delivered) if resume is not None else set(),
             base_seed=int(self._base_seed),
             iter_epoch=self._iter_epoch,
+            workers=0,
         )
         loader._epoch_state = self._state
+        # An iterable dataset jumps to its saved position when it can (a state saved by this
+        # single stream), else its stream replays what was delivered before.
+        self._jump = False
         if resume is not None and resume.delivered and self._iterable:
-            warn_fast_forward(len(resume.delivered))
+            if not stateful(self._dataset):
+                warn_fast_forward(len(resume.delivered), "it has no `state_dict`/`load_state_dict`")
+            elif resume.workers != 0 or 0 not in resume.worker_states:
+                warn_fast_forward(
+                    len(resume.delivered),
+                    f"its per-worker positions were saved by {resume.workers} workers, not by "
+                    "num_workers=0",
+                )
+            else:
+                self._jump = True
+                self._dataset.load_state_dict(resume.worker_states[0])  # type: ignore[attr-defined]
+                self._state.worker_states[0] = resume.worker_states[0]
         self._device_stage: Any = None
         if loader.device is not None:
             from stoker.device import make_stage
@@ -117,7 +132,7 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             idx = self._task
             self._task += 1
             replay = idx in state.delivered
-            if replay and not self._iterable:
+            if replay and (not self._iterable or self._jump):
                 continue
             saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
             seed = batch_seed(self._epoch_seed, idx)
@@ -141,6 +156,8 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             if self._failures and isinstance(self._policy.max_failures, float):
                 self._policy.check(self._failures, self._samples + self._failed_samples)
             state.delivered.add(idx)
+            if self._iterable and stateful(self._dataset):
+                state.worker_states[0] = self._dataset.state_dict()  # type: ignore[attr-defined]
             self._samples += len(index) if self._auto_collation else 1
             if self._pin_memory:
                 batch = _pin_memory(batch, self._pin_memory_device)

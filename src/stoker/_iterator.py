@@ -17,7 +17,6 @@ import errno
 import itertools
 import multiprocessing as mp
 import os
-import signal
 import time
 import weakref
 from typing import Any
@@ -26,21 +25,22 @@ import cloudpickle
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from stoker._autotune import Controller, Observation
+from stoker._autotune import Controller
 from stoker._dispatch import TaskBook
 from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
-from stoker._resume import EpochState, warn_fast_forward
+from stoker._recovery import RecoveryMixin, worker_pid
+from stoker._resume import EpochState, stateful, warn_fast_forward
+from stoker._scaling import AutoScaler, capacity_for
 from stoker._seeding import batch_seed, draw_base_seed, epoch_seed
-from stoker._spawn import check_main_guard, explain_early_worker_death, fallback_backend
+from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
-from stoker.errors import ConfigError, SharedMemoryError, WorkerError, WorkerTimeoutError
+from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import Failure
 from stoker.transport import SlotMap, decode, reclaim_stale_segments, slot_prefix
 from stoker.workers import WorkerPool
 from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
-from stoker.workers._process import describe_exit
 from stoker.workers._status import IDLE
 from stoker.workers._threads import ThreadPool
 
@@ -52,12 +52,6 @@ WAIT_SLICE_S = 0.5
 SHM_BUDGET_FRACTION = 0.5
 # Every worker may hold at least this many bytes of slots, whatever the free space says.
 MIN_SLOT_BUDGET = 64 << 20
-# num_workers="auto": seconds between controller decisions, the most workers per usable core,
-# and the memory that must stay available to add one.
-CONTROL_INTERVAL_S = 0.2
-MAX_WORKERS_PER_CORE = {"process": 8, "thread": 16}
-MAX_AUTO_WORKERS = 64
-RAM_RESERVE_BYTES = 1 << 30
 _PROTOCOL = 5
 _POOL_IDS = itertools.count()
 _LIVE: weakref.WeakSet[MultiWorkerIterator] = weakref.WeakSet()
@@ -70,7 +64,7 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised by a subprocess tes
             it._shutdown()
 
 
-class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
+class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
@@ -146,30 +140,25 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
         self._backend = fallback_backend(loader._resolved_backend, ctx.get_start_method())
         self._notes: list[str] = list(loader._backend_notes)
-        self._controller: Controller | None = None
+        self._scaler: AutoScaler | None = None
         capacity = n
         if loader._auto_workers and not self._iterable:
-            per_core = MAX_WORKERS_PER_CORE.get(self._backend, 8)
-            capacity = min(MAX_AUTO_WORKERS, per_core * usable_cores())
-            self._controller = Controller(
+            capacity = capacity_for(self._backend)
+            controller = Controller(
                 start=n,
                 max_workers=capacity,
                 prefetch=self._prefetch,
                 tune_prefetch=loader._auto_prefetch,
             )
+            self._scaler = AutoScaler(controller, self._backend)
         if self._backend == "thread":
             self._pool = ThreadPool(specs, payload, capacity=capacity)
         else:
             self._pool = WorkerPool(ctx, specs, payload, capacity=capacity)
         self._workers = self._pool.processes
-        self._ctl_last = (time.monotonic(), 0.0, 0.0, 0.0, 0)  # time, wait, busy, cpu, batches
-        self._ctl_idle = _idle_seconds()
         self._ready: set[int] = set()
         self._fast_forward: set[int] = set()
-        self._ctl_latencies: list[float] = []
-        self._ctl_settled = time.monotonic() + CONTROL_INTERVAL_S  # start-up is not measured
-        self._retiring = 0
-        self._cpu_procs: dict[int, Any] = {}
+        self._jump = False
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
@@ -213,6 +202,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             delivered=set(resume.delivered) if resume is not None else set(),
             base_seed=int(self._base_seed),
             iter_epoch=self._iter_epoch,
+            workers=self._num_workers,
         )
         loader._epoch_state = self._state
         if self._device is not None:
@@ -222,9 +212,25 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._state.in_flight = lambda: stage.in_flight
         self._book = TaskBook(self._in_order)
         self._fast_forward = set()
+        # An iterable dataset resumes from each worker's saved position when it can save one
+        # (process workers: threads share one dataset object); else its streams replay.
+        jump_states = None
+        self._jump = False
         if resume is not None and resume.delivered and self._iterable:
-            warn_fast_forward(len(resume.delivered))
-        self._retiring = 0  # a retire request drained with the old tasks is void
+            if not stateful(self._dataset):
+                warn_fast_forward(len(resume.delivered), "it has no `state_dict`/`load_state_dict`")
+            elif self._backend != "process" or resume.workers != self._num_workers:
+                warn_fast_forward(
+                    len(resume.delivered),
+                    f"its per-worker positions were saved by {resume.workers} workers, not "
+                    f"{self._num_workers} {self._backend} workers",
+                )
+            else:
+                self._jump = True
+                jump_states = dict(resume.worker_states)
+                self._state.worker_states.update(jump_states)
+        if self._scaler is not None:
+            self._scaler.retiring = 0  # a retire request drained with the old tasks is void
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
@@ -239,14 +245,17 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._all_changes[path] = value
         if loader._epoch_request is not None:
             self._last_set_epoch = loader._epoch_request
-        start = self._epoch_message(changes, loader._epoch_request)
+        start = self._epoch_message(changes, loader._epoch_request, jump_states)
         loader._epoch_request = None
         for i in pool.active:
             pool.send_ctrl(i, start)
         self._fill()
 
     def _epoch_message(
-        self, changes: list[tuple[tuple[str, ...], Any]], set_epoch: Any
+        self,
+        changes: list[tuple[tuple[str, ...], Any]],
+        set_epoch: Any,
+        worker_states: dict[int, Any] | None = None,
     ) -> tuple[Any, ...]:
         blob = None
         if changes and self._backend == "process":  # threads share the dataset itself
@@ -260,7 +269,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                     "unpicklable objects (open files, locks, sockets) out of attributes that "
                     "change between epochs, or pass `persistent_workers=False`."
                 ) from exc
-        return ("E", self._epoch, blob, set_epoch)
+        return ("E", self._epoch, blob, set_epoch, worker_states)
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -288,7 +297,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 return
             idx = book.issue(index)
             if idx in delivered:  # resumed epoch: delivered before the checkpoint
-                if not self._iterable:
+                if not self._iterable or self._jump:
                     book.skip(idx)
                     continue
                 self._fast_forward.add(idx)  # a stream must pass it: load it, then drop it
@@ -313,7 +322,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             if got is not None:
                 self._fill()
                 self._wait_s += time.perf_counter() - t0
-                if self._controller is not None:
+                if self._scaler is not None:
                     self._control()
                 return got[0], self._deliver(*got)
             if book.outstanding == 0 and self._sampler_done:
@@ -358,167 +367,21 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                 return
             self._receive(t0)
 
-    def _waited_on(self) -> tuple[int | None, int | None, float | None]:
-        """``(worker id, task index, started)`` of the batch the consumer waits for."""
-        pool = self._pool
-        assert pool is not None
-        pending = sorted(self._book.pending())
-        best: tuple[int | None, int | None, float | None] = (
-            None,
-            pending[0] if pending else None,
-            None,
-        )
-        for i in pool.active:
-            epoch, task, started = pool.status.task(i)
-            if task != IDLE and epoch == self._epoch and task in pending:
-                if best[0] is None or task < (best[1] if best[1] is not None else task + 1):
-                    best = (i, task, started)
-        return best
-
-    def _raise_timeout(self, timeout: float) -> None:
-        pool = self._pool
-        assert pool is not None
-        worker, task, started = self._waited_on()
-        indices = self._book.request(task) if task is not None else None
-        lines = [f"DataLoader timed out after {timeout} seconds waiting for a batch."]
-        if worker is not None:
-            busy = time.monotonic() - started if started else 0.0
-            who = f"pid {_pid(pool.processes[worker])}" if self._backend == "process" else "thread"
-            lines.append(
-                f"Worker {worker} ({who}) has been loading batch {task} "
-                f"(sample indices {_short(indices)}) for {busy:.1f} s."
-            )
-            stack = pool.dump_stack(worker)
-            if stack:
-                lines.append(f"Its Python stack:\n{stack.rstrip()}")
-        elif task is not None:
-            lines.append(f"No worker has started batch {task} (indices {_short(indices)}) yet.")
-        lines.append("Raise `timeout`, or find what blocks in `__getitem__` (stack above).")
-        raise WorkerTimeoutError("\n".join(lines))
-
-    def _worker_died(self, worker_id: int, pid: int | None, code: int | None) -> None:
-        pool = self._pool
-        assert pool is not None
-        how = describe_exit(code)
-        if code == -signal.SIGBUS:
-            how += f"; {shm_dir()} has {shm_free_bytes()} bytes free now"
-        if self._restarts_left <= 0 or self._iterable:
-            self._shutdown()
-            why = (
-                "an iterable dataset's stream cannot be resumed in a new worker"
-                if self._iterable and self._restarts_left > 0
-                else "raise `max_worker_restarts` to respawn dead workers"
-            )
-            hint = None
-            if self._backend == "process" and not self._worker_batches[worker_id]:
-                hint = explain_early_worker_death(pool.start_method)  # type: ignore[union-attr]
-            raise WorkerError(
-                f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
-                f"{worker_id} was loading batches of epoch {self._epoch}; {why}."
-                + (f" {hint}" if hint else "")
-            )
-        self._restarts_left -= 1
-        self._restarts += 1
-        import warnings
-
-        warnings.warn(
-            f"stoker: worker {worker_id} (pid {pid}) died with {how}; restarting it and "
-            f"loading its batches again ({self._restarts_left} restarts left).",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        # Batches still queued or being loaded by live workers are safe; the rest were lost
-        # with the dead worker and go back on the queue (a duplicate reply is ignored).
-        queued = pool.drain_tasks()
-        busy = set()
-        for i in pool.active:
-            if i != worker_id:
-                epoch, task, _ = pool.status.task(i)
-                if task != IDLE and epoch == self._epoch:
-                    busy.add(task)
-        queued_ids = {m[2] for m in queued if m[0] == "B" and m[1] == self._epoch}
-        lost = [i for i in self._book.pending() if i not in busy and i not in queued_ids]
-        self._ready.discard(worker_id)
-        pool.restart(worker_id)
-        self._workers = pool.processes
-        pool.send_ctrl(worker_id, self._catch_up_message())
-        redo = [m for m in queued if m[0] == "B" and m[1] == self._epoch]
-        for idx in lost:
-            index = self._book.request(idx)
-            redo.append(("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index))
-        for m in sorted(redo, key=lambda m: m[2]):
-            pool.put_task(m)
-
-    def _cpu_seconds(self) -> float:
-        """CPU time of the main process and live workers (threads: the process)."""
-        import psutil
-
-        pool = self._pool
-        assert pool is not None
-        pids = [os.getpid()]
-        if self._backend == "process":
-            pids += [p for i in pool.active if (p := _pid(pool.processes[i])) is not None]
-        total = 0.0
-        for pid in pids:
-            proc = self._cpu_procs.get(pid)
-            try:
-                if proc is None:
-                    proc = self._cpu_procs[pid] = psutil.Process(pid)
-                t = proc.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                self._cpu_procs.pop(pid, None)
-        return total
-
     def _control(self) -> None:
-        """One step of the ``num_workers="auto"`` controller, at most every interval."""
-        now = time.monotonic()
-        t_last, wait_last, busy_last, cpu_last, batches_last = self._ctl_last
-        if now - t_last < CONTROL_INTERVAL_S:
-            return
-        pool, ctl = self._pool, self._controller
-        assert pool is not None and ctl is not None
-        import psutil
-
-        busy_total = float(sum(self._worker_busy.values()))
-        cpu = self._cpu_seconds()
-        delivered = self._book.delivered
-        lat = sorted(self._ctl_latencies)
-        self._ctl_latencies = []
-        obs = Observation(
-            wall_s=now - t_last,
-            wait_s=max(0.0, self._wait_s - wait_last),
-            busy_s=max(0.0, busy_total - busy_last),
-            cpu_s=max(0.0, cpu - cpu_last) if cpu_last else None,
-            workers=len(pool.active) - self._retiring,
-            cores=usable_cores(),
-            latency_p50_s=lat[len(lat) // 2] if lat else None,
-            latency_p95_s=lat[int(len(lat) * 0.95)] if lat else None,
-            memory_ok=psutil.virtual_memory().available > RAM_RESERVE_BYTES,
-            batches=max(0, delivered - batches_last),
-            settling=t_last < self._ctl_settled,
+        """One step of the ``num_workers="auto"`` controller (at most once per interval)."""
+        pool, scaler = self._pool, self._scaler
+        assert pool is not None and scaler is not None
+        decision = scaler.step(
+            pool,
+            wait_s=self._wait_s,
+            busy_s=float(sum(self._worker_busy.values())),
+            delivered=self._book.delivered,
+            on_added=lambda worker_id: pool.send_ctrl(worker_id, self._catch_up_message()),
         )
-        idle = _idle_seconds()
-        if idle is not None and self._ctl_idle is not None:
-            obs = Observation(
-                **{**obs.__dict__, "idle_cores": (idle - self._ctl_idle) / obs.wall_s}
-            )
-        self._ctl_idle = idle
-        self._ctl_last = (now, self._wait_s, busy_total, cpu, delivered)
-        decision = ctl.observe(obs)
         if decision is None:
             return
-        self._notes.append(f"{now - self._started:.1f}s: {decision.reason}")
-        if decision.workers != obs.workers:
-            self._ctl_settled = now + CONTROL_INTERVAL_S / 2
+        self._notes.append(f"{time.monotonic() - self._started:.1f}s: {decision.reason}")
         self._prefetch = decision.prefetch
-        running = len(pool.active) - self._retiring
-        for _ in range(decision.workers - running):
-            worker_id = pool.add()
-            pool.send_ctrl(worker_id, self._catch_up_message())
-        for _ in range(running - decision.workers):
-            pool.retire()
-            self._retiring += 1
         self._workers = pool.processes
         self._fill()
 
@@ -531,7 +394,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         kind = msg[0]
         if kind == "F":
             worker_id, packed = msg[1], msg[2]
-            pid = _pid(self._workers[worker_id])
+            pid = worker_pid(self._workers[worker_id])
             self._shutdown()
             raise unpack_exception(packed, worker_id, pid, None)
         epoch, idx, wid = msg[1], msg[2], msg[3]
@@ -542,14 +405,15 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             pool = self._pool
             if pool is not None:
                 pool.retired_worker(wid)
-            self._retiring = max(0, self._retiring - 1)
+            if self._scaler is not None:
+                self._scaler.retired()
             return
         if kind == "D":
             self._slots.forget(msg[6])
             self._worker_batches[wid] += 1
             self._worker_busy[wid] += msg[4]
-            if self._controller is not None:
-                self._ctl_latencies.append(msg[4])
+            if self._scaler is not None:
+                self._scaler.record_latency(msg[4])
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return
@@ -563,6 +427,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             return
         if kind == "Z":
             self._active[wid] = False
+            if len(msg) > 4 and msg[4] is not None and self._state is not None:
+                self._state.worker_states[wid] = msg[4]  # its stream's end
             self._book.skip(idx)
             self._fill()
             return
@@ -595,8 +461,10 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._state.delivered.add(idx)
         if msg[0] == "X":
             worker_id = msg[3]
-            raise unpack_exception(msg[4], worker_id, _pid(self._workers[worker_id]), index)
+            raise unpack_exception(msg[4], worker_id, worker_pid(self._workers[worker_id]), index)
         slot, payload, fallback = msg[5], msg[7], msg[8]
+        if len(msg) > 10 and msg[10] is not None and self._state is not None:
+            self._state.worker_states[msg[3]] = msg[10]  # position after this batch
         self._fallbacks += fallback
         self._samples += len(index) if self._auto_collation and index is not None else 1
         if self._failures and isinstance(self._policy.max_failures, float):
@@ -632,7 +500,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             workers.append(
                 WorkerStats(
                     worker_id=i,
-                    pid=_pid(p),
+                    pid=worker_pid(p),
                     alive=alive,
                     batches=self._worker_batches[i],
                     busy_s=self._worker_busy[i],
@@ -672,37 +540,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._shutdown()
 
 
-def _pid(proc: Any) -> int | None:
-    """A worker process's pid; None for a thread or a closed process handle."""
-    try:
-        return int(proc.pid)
-    except (ValueError, AttributeError, TypeError):
-        return None
-
-
-def _idle_seconds() -> float | None:
-    """Idle CPU seconds so far, summed over the CPUs this process may run on."""
-    import psutil
-
-    try:
-        per_cpu = psutil.cpu_times(percpu=True)
-        allowed = os.sched_getaffinity(0)
-    except (AttributeError, OSError, psutil.Error):
-        return None
-    return float(sum(t.idle for i, t in enumerate(per_cpu) if i in allowed))
-
-
 def _alive(proc: Any) -> bool:
     try:
         return bool(proc.is_alive())
     except (ValueError, AttributeError):
         return False
-
-
-def _short(indices: Any, limit: int = 16) -> str:
-    try:
-        items = list(indices)
-    except TypeError:
-        return repr(indices)
-    text = ", ".join(map(repr, items[:limit]))
-    return f"[{text}{', ...' if len(items) > limit else ''}]"

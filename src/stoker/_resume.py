@@ -16,7 +16,7 @@ import torch
 
 from stoker.errors import ConfigError
 
-__all__ = ["EpochState", "warn_fast_forward"]
+__all__ = ["EpochState", "stateful", "warn_fast_forward"]
 
 _VERSION = 1
 
@@ -33,6 +33,9 @@ class EpochState:
         finished: the epoch ran to its end.
         base_seed: the iterator's base seed (None: draw a fresh one, as a new iterator does).
         iter_epoch: epochs the iterator had started before this one (persistent workers).
+        worker_states: iterable datasets with ``state_dict``: each worker's dataset state
+            after the last batch of it that was delivered (worker id -> state).
+        workers: the saving loader's worker count (its worker states need the same count).
     """
 
     # Keys of the saved dictionary.
@@ -44,6 +47,8 @@ class EpochState:
     KEY_FINISHED = "finished"
     KEY_BASE_SEED = "base_seed"
     KEY_ITER_EPOCH = "iter_epoch"
+    KEY_WORKER_STATES = "worker_states"
+    KEY_WORKERS = "workers"
 
     epoch: int
     rng: torch.Tensor | None
@@ -52,6 +57,8 @@ class EpochState:
     finished: bool = False
     base_seed: int | None = None
     iter_epoch: int = 0
+    worker_states: dict[int, Any] = field(default_factory=dict)
+    workers: int = 0
     # Batches pulled for the device stage but not handed to the consumer yet: not delivered.
     in_flight: Any = None
 
@@ -104,6 +111,8 @@ class EpochState:
             self.KEY_FINISHED: self.finished and not ahead,
             self.KEY_BASE_SEED: self.base_seed,
             self.KEY_ITER_EPOCH: self.iter_epoch,
+            self.KEY_WORKER_STATES: dict(self.worker_states),
+            self.KEY_WORKERS: self.workers,
         }
 
     def after(self, rng_now: torch.Tensor, persistent: bool) -> EpochState:
@@ -147,18 +156,26 @@ class EpochState:
             finished=bool(state[cls.KEY_FINISHED]),
             base_seed=state.get(cls.KEY_BASE_SEED),
             iter_epoch=int(state.get(cls.KEY_ITER_EPOCH, 0)),
+            worker_states={int(k): v for k, v in state.get(cls.KEY_WORKER_STATES, {}).items()},
+            workers=int(state.get(cls.KEY_WORKERS, 0)),
         )
 
 
-def warn_fast_forward(batches: int) -> None:
+def warn_fast_forward(batches: int, why: str) -> None:
     """An iterable dataset resumes by loading and dropping what was delivered before."""
     import warnings
 
     warnings.warn(
-        f"stoker: resuming an iterable dataset mid-epoch: it has no `state_dict`/"
-        f"`load_state_dict` to jump with, so the {batches} batches delivered before the "
-        "checkpoint are loaded again and dropped (fast-forward), which takes as long as "
-        "loading them did.",
+        f"stoker: resuming an iterable dataset mid-epoch: {why}, so the {batches} batches "
+        "delivered before the checkpoint are loaded again and dropped (fast-forward), which "
+        "takes as long as loading them did.",
         RuntimeWarning,
         stacklevel=4,
+    )
+
+
+def stateful(dataset: Any) -> bool:
+    """Whether an iterable dataset can save and restore its position."""
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
     )

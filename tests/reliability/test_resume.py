@@ -438,6 +438,54 @@ def test_iterable_dataset_without_state_dict_fast_forwards_with_a_warning() -> N
     assert any("state_dict" in str(w.message) for w in caught), [str(w.message) for w in caught]
 
 
+class StatefulStream(tud.IterableDataset[int]):
+    """Like :class:`Stream`, and it saves its position: resume jumps, nothing replays."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pos = 0
+        self._resume_at: int | None = None
+        self.replayed = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_at = state["pos"]
+
+    def __iter__(self) -> Any:
+        info = tud.get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        items = list(range(w, self.n, nw))
+        start, self._resume_at = (self._resume_at or 0), None
+        for k in range(start, len(items)):
+            self.pos = k + 1
+            yield items[k]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_with_state_dict_resumes_where_each_worker_stood(workers: int) -> None:
+    def make() -> stoker.DataLoader:
+        ctx = {"multiprocessing_context": "fork"} if workers else {}
+        return stoker.DataLoader(StatefulStream(40), batch_size=4, num_workers=workers, **ctx)
+
+    ref_loader = make()
+    ref = [b.tolist() for b in ref_loader]
+    del ref_loader
+    loader = make()
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(3)]
+    state = _checkpoint(loader)
+    del it, loader
+    resumed = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fast-forward
+        resumed.load_state_dict(state)
+        rest = [b.tolist() for b in resumed]
+    del resumed
+    assert got + rest == ref
+
+
 # -- the state machine -----------------------------------------------------------------------
 
 

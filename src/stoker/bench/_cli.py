@@ -67,6 +67,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="multiprocessing start method for every loader (default: the platform's)",
     )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument(
+        "--device",
+        choices=("cuda",),
+        help="measure the host-to-device path on the GPU instead (H2D GB/s against a plain "
+        "pinned copy, GPU idle fraction of a training loop; needs CUDA)",
+    )
 
 
 def load_factory(spec: str) -> Any:
@@ -154,6 +160,12 @@ def run(args: argparse.Namespace) -> int:
             for w in bench.builtin_workloads().values():
                 tag = " (quick)" if w.in_quick else ""
                 print(f"{w.name:<10} batch {w.batch_size:<4} {w.description}{tag}")
+            return 0
+        if args.device:
+            from stoker.bench._gpu import render as render_gpu
+            from stoker.bench._gpu import run_gpu_bench
+
+            print(render_gpu(run_gpu_bench(args.device)))
             return 0
         if args.batch_size is not None and not args.dataset:
             raise ConfigError("`--batch-size` applies to `--dataset` only.")

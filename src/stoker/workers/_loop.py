@@ -166,7 +166,7 @@ class _Worker:
     # -- epochs --------------------------------------------------------------------------
 
     def start_epoch(self, msg: tuple[Any, ...]) -> None:
-        _, epoch, changes, set_epoch = msg
+        _, epoch, changes, set_epoch, states = msg
         self.epoch = epoch
         if changes:
             apply_changes(self.dataset, cloudpickle.loads(changes))
@@ -178,6 +178,8 @@ class _Worker:
             self.fetcher = None
             self.fetcher_error = None
             try:
+                if states and self.spec.worker_id in states:  # resume where it stood
+                    self.dataset.load_state_dict(states[self.spec.worker_id])
                 self.fetcher = self._new_fetcher()
             except Exception as exc:
                 self.fetcher_error = exc
@@ -192,6 +194,13 @@ class _Worker:
             drop_last=spec.drop_last,
             on_error=spec.on_error,
         )
+
+    def _dataset_state(self) -> Any:
+        """An iterable dataset's position (for resume), if it can tell."""
+        if not self.spec.iterable:
+            return None
+        fn = getattr(self.dataset, "state_dict", None)
+        return fn() if callable(fn) else None
 
     def catch_up(self, epoch: int) -> bool:
         """Apply control messages until epoch ``epoch`` has started; False on stop."""
@@ -223,7 +232,7 @@ class _Worker:
             enc = encode(batch, arena)
             del batch
         except StopIteration:
-            self.send(("Z", epoch, idx, wid))
+            self.send(("Z", epoch, idx, wid, self._dataset_state()))
             return
         except SkipBatch as skip:
             arena.current = None
@@ -249,6 +258,7 @@ class _Worker:
                 enc.payload,
                 enc.fallback,
                 failures,
+                self._dataset_state(),
             )
         )
 

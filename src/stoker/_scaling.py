@@ -1,0 +1,149 @@
+"""Feeding the ``num_workers="auto"`` controller with measurements and applying its answers.
+
+:class:`stoker._autotune.Controller` is pure logic; this module measures what it needs once per
+interval (consumer wait and worker busy time from the iterator, CPU of the process tree and
+idle time of the usable cores from the OS, batch latencies, free memory) and turns a decision
+into workers started or asked to retire (whichever is idle first takes the retire request).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from stoker._autotune import Controller, Decision, Observation
+from stoker._platform import usable_cores
+from stoker._recovery import worker_pid
+
+__all__ = ["CONTROL_INTERVAL_S", "AutoScaler", "capacity_for"]
+
+# Seconds between controller decisions; the most workers per usable core, and in all; the
+# memory that must stay available to add a worker.
+CONTROL_INTERVAL_S = 0.2
+MAX_WORKERS_PER_CORE = {"process": 8, "thread": 16}
+MAX_AUTO_WORKERS = 64
+RAM_RESERVE_BYTES = 1 << 30
+
+
+def capacity_for(backend: str) -> int:
+    """The most workers ``num_workers="auto"`` may run with ``backend``."""
+    return min(MAX_AUTO_WORKERS, MAX_WORKERS_PER_CORE.get(backend, 8) * usable_cores())
+
+
+def idle_seconds() -> float | None:
+    """Idle CPU seconds so far, summed over the CPUs this process may run on."""
+    try:
+        per_cpu = psutil.cpu_times(percpu=True)
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError, psutil.Error):
+        return None
+    return float(sum(t.idle for i, t in enumerate(per_cpu) if i in allowed))
+
+
+class AutoScaler:
+    """One controller and the measurements it is fed.
+
+    Args:
+        controller: the decision logic.
+        backend: ``"process"`` (workers' CPU is measured per process) or ``"thread"``.
+    """
+
+    def __init__(self, controller: Controller, backend: str) -> None:
+        self.controller = controller
+        self.backend = backend
+        now = time.monotonic()
+        self._last = (now, 0.0, 0.0, 0.0, 0)  # time, wait, busy, cpu, batches
+        self._idle = idle_seconds()
+        self._latencies: list[float] = []
+        self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
+        self._procs: dict[int, psutil.Process] = {}
+        self.retiring = 0  # retire requests not yet answered
+
+    def record_latency(self, seconds: float) -> None:
+        """A batch took ``seconds`` to load."""
+        self._latencies.append(seconds)
+
+    def retired(self) -> None:
+        """A worker answered a retire request."""
+        self.retiring = max(0, self.retiring - 1)
+
+    def running(self, pool: Any) -> int:
+        return len(pool.active) - self.retiring
+
+    def _cpu_seconds(self, pool: Any) -> float:
+        """CPU time of the main process and live workers (threads: the process)."""
+        pids = [os.getpid()]
+        if self.backend == "process":
+            pids += [p for i in pool.active if (p := worker_pid(pool.processes[i])) is not None]
+        total = 0.0
+        for pid in pids:
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                self._procs.pop(pid, None)
+        return total
+
+    def step(
+        self,
+        pool: Any,
+        *,
+        wait_s: float,
+        busy_s: float,
+        delivered: int,
+        on_added: Callable[[int], None],
+    ) -> Decision | None:
+        """Measure, decide and apply, at most once per :data:`CONTROL_INTERVAL_S`.
+
+        Args:
+            pool: the worker pool (``add``, ``retire``, ``active``, ``processes``).
+            wait_s: the consumer's total wait so far.
+            busy_s: the workers' total busy time so far.
+            delivered: batches delivered so far.
+            on_added: called with the id of each worker started (to bring it up to date).
+        """
+        now = time.monotonic()
+        t_last, wait_last, busy_last, cpu_last, batches_last = self._last
+        if now - t_last < CONTROL_INTERVAL_S:
+            return None
+        cpu = self._cpu_seconds(pool)
+        lat = sorted(self._latencies)
+        self._latencies = []
+        idle = idle_seconds()
+        wall = now - t_last
+        idle_cores = (idle - self._idle) / wall if idle is not None and self._idle else None
+        obs = Observation(
+            wall_s=wall,
+            wait_s=max(0.0, wait_s - wait_last),
+            busy_s=max(0.0, busy_s - busy_last),
+            cpu_s=max(0.0, cpu - cpu_last) if cpu_last else None,
+            workers=self.running(pool),
+            cores=usable_cores(),
+            latency_p50_s=lat[len(lat) // 2] if lat else None,
+            latency_p95_s=lat[int(len(lat) * 0.95)] if lat else None,
+            memory_ok=psutil.virtual_memory().available > RAM_RESERVE_BYTES,
+            batches=max(0, delivered - batches_last),
+            settling=t_last < self._settled,
+            idle_cores=idle_cores,
+        )
+        self._idle = idle
+        self._last = (now, wait_s, busy_s, cpu, delivered)
+        decision = self.controller.observe(obs)
+        if decision is None:
+            return None
+        if decision.workers != obs.workers:
+            self._settled = now + CONTROL_INTERVAL_S / 2
+        running = self.running(pool)
+        for _ in range(decision.workers - running):
+            on_added(pool.add())
+        for _ in range(running - decision.workers):
+            pool.retire()
+            self.retiring += 1
+        return decision

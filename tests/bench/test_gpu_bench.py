@@ -1,0 +1,33 @@
+"""`stoker bench --device cuda`: a clear error without CUDA; the figures on a GPU machine."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from stoker.bench import _cli
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    _cli.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_without_cuda_the_command_says_so(capsys):
+    assert _cli.run(_args("--device", "cuda")) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "without `--device`" in err
+
+
+@pytest.mark.gpu
+def test_gpu_bench_reports_rates_and_idle_fractions():
+    from stoker.bench._gpu import render, run_gpu_bench
+
+    result = run_gpu_bench("cuda", seconds=0.5)
+    assert result.plain_copy_gbps > 0 and result.stoker_feed_gbps > 0
+    assert 0 <= result.idle_stoker <= 1 and 0 <= result.idle_torch <= 1
+    assert "GB/s" in render(result)
