@@ -20,6 +20,8 @@ __all__ = ["choose_backend", "choose_backend_isolated"]
 PROBE_BUDGET_S = 0.6
 # Two threads must beat one by this factor for threads to be chosen.
 THREAD_SPEEDUP = 1.6
+# The parent gives the probing child this long before it kills it and picks processes.
+PROBE_DEADLINE_S = 10.0
 _MAX_BATCHES = 64
 
 
@@ -96,6 +98,11 @@ def choose_backend_isolated(
         code = 0
         try:
             os.close(r)
+            # A forked child must not use the OpenMP pool its parent used (libgomp is not
+            # fork-safe: it would wait forever); workers do the same.
+            import torch
+
+            torch.set_num_threads(1)
             result = choose_backend(dataset, fetch, batch_size, iterable)
             os.write(w, pickle.dumps(result))
         except BaseException as exc:
@@ -106,11 +113,28 @@ def choose_backend_isolated(
         finally:
             os._exit(code)
     os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
+    import select
+    import signal
+    import time
+
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + PROBE_DEADLINE_S
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                chunks = []
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    if not chunks:
+        return "process", f"the backend probe gave no answer within {PROBE_DEADLINE_S:.0f} s"
     try:
         backend, why = pickle.loads(b"".join(chunks))
     except Exception:
