@@ -18,7 +18,7 @@ from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker._resume import EpochState, stateful, warn_fast_forward
-from stoker._seeding import batch_seed, draw_base_seed, epoch_seed, seed_all
+from stoker._seeding import batch_seed, epoch_seed, seed_all
 from stoker._stats import LoaderStats
 from stoker.faults import Failure
 from stoker.workers._fetch import BatchFetcher, SkipBatch
@@ -47,18 +47,11 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         if not first:
             self._iter_epoch += 1
         if resume is not None:
-            resume.restore_rng(loader.generator)
-            resume.restore_sampler(self._index_sampler)
+            self._base_seed, self._iter_epoch = resume.restore(
+                loader.generator, self._index_sampler
+            )
             rng_at_start = resume.rng if resume.rng is not None else rng_at_start
             self._sampler_iter = iter(self._index_sampler)
-            # Replay the draws that followed the saved state: an iterator's first epoch began
-            # with its base-seed draw; later epochs of a persistent one draw nothing.
-            if resume.base_seed is None or resume.iter_epoch == 0:
-                drawn = draw_base_seed(loader.generator)
-            if resume.base_seed is not None:
-                self._base_seed, self._iter_epoch = resume.base_seed, resume.iter_epoch
-            else:  # a fresh iterator's draw, from the restored random state
-                self._base_seed, self._iter_epoch = drawn, 0
         self._epoch_seed = epoch_seed(int(self._base_seed), self._iter_epoch)
         epoch = resume.epoch if resume is not None else loader._epochs_started
         loader._epochs_started = epoch + 1

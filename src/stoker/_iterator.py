@@ -32,7 +32,7 @@ from stoker._platform import shm_dir, shm_free_bytes, usable_cores
 from stoker._recovery import RecoveryMixin, worker_pid
 from stoker._resume import EpochState, stateful, warn_fast_forward
 from stoker._scaling import AutoScaler, capacity_for
-from stoker._seeding import batch_seed, draw_base_seed, epoch_seed
+from stoker._seeding import batch_seed, epoch_seed
 from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
@@ -172,17 +172,10 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
             super()._reset(loader)
             self._iter_epoch += 1
         if resume is not None:
-            resume.restore_rng(loader.generator)
-            resume.restore_sampler(self._index_sampler)
+            self._base_seed, self._iter_epoch = resume.restore(
+                loader.generator, self._index_sampler
+            )
             self._sampler_iter = iter(self._index_sampler)
-            # Replay the draws that followed the saved state: an iterator's first epoch began
-            # with its base-seed draw; later epochs of a persistent one draw nothing.
-            if resume.base_seed is None or resume.iter_epoch == 0:
-                drawn = draw_base_seed(loader.generator)
-            if resume.base_seed is not None:
-                self._base_seed, self._iter_epoch = resume.base_seed, resume.iter_epoch
-            else:  # a fresh iterator's draw, from the restored random state
-                self._base_seed, self._iter_epoch = drawn, 0
         self._epoch_seed = epoch_seed(int(self._base_seed), self._iter_epoch)
         pool = self._pool
         if pool is None or pool.closed:

@@ -76,6 +76,23 @@ class EpochState:
         else:
             torch.set_rng_state(self.rng)
 
+    def restore(self, generator: torch.Generator | None, sampler: Any) -> tuple[int, int]:
+        """Put the random state and the sampler back; returns ``(base seed, iter epoch)``.
+
+        Replays the draws that followed the saved state: an iterator's first epoch began with
+        its base-seed draw (kept, or drawn afresh when the state has none); later epochs of a
+        persistent iterator draw nothing.
+        """
+        from stoker._seeding import draw_base_seed
+
+        self.restore_rng(generator)
+        self.restore_sampler(sampler)
+        if self.base_seed is None or self.iter_epoch == 0:
+            drawn = draw_base_seed(generator)
+        if self.base_seed is not None:
+            return int(self.base_seed), self.iter_epoch
+        return drawn, 0
+
     @staticmethod
     def capture_sampler(sampler: Any) -> Any:
         for obj in (sampler, getattr(sampler, "sampler", None)):

@@ -16,7 +16,7 @@ from torch.utils.data._utils import fetch as _fetch
 from stoker._seeding import seed_all
 from stoker.faults import MAX_REPLACEMENT_TRIES
 
-__all__ = ["BatchFetcher", "SkipBatch"]
+__all__ = ["BatchFetcher", "SkipBatch", "fetch_stream"]
 
 # One recorded failure: (index, exception type name, message, replacement index or None).
 FailureRecord = tuple[Any, str, str, Any]
@@ -130,3 +130,33 @@ class BatchFetcher:
             except Exception:
                 continue
         return None, None
+
+
+def fetch_stream(
+    fetcher: BatchFetcher | None,
+    error: BaseException | None,
+    on_error: str,
+    index: Any,
+    seed: int,
+) -> tuple[Any, list[FailureRecord]]:
+    """One batch of a worker's stream for this epoch.
+
+    Args:
+        fetcher: the epoch's fetcher (None: the stream is over).
+        error: what creating the fetcher raised (an iterable dataset's ``__iter__``), reported
+            once by the caller, who then treats the stream as over.
+        on_error: the loader's policy.
+        index: the task's indices.
+        seed: the batch's seed.
+
+    Raises:
+        StopIteration: the stream is over.
+        SkipBatch: ``error`` under a tolerant policy, or nothing of the batch loaded.
+    """
+    if error is not None:
+        if on_error != "raise":
+            raise SkipBatch([_record(None, error)])
+        raise error
+    if fetcher is None:
+        raise StopIteration
+    return fetcher.fetch(index, seed)

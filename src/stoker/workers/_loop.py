@@ -33,7 +33,7 @@ from stoker._seeding import seed_all
 from stoker.transport import SlotArena, encode
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
-from stoker.workers._fetch import BatchFetcher, SkipBatch
+from stoker.workers._fetch import BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
@@ -218,17 +218,11 @@ class _Worker:
         self.status.begin(wid, epoch, idx)
         seed_all(seed)
         arena = self.arena
+        # A failed __iter__ is reported once; the stream then counts as over for this epoch.
+        error, self.fetcher_error = self.fetcher_error, None
         try:
-            if self.fetcher_error is not None:
-                # Reported once; the worker then counts as exhausted for this epoch.
-                error, self.fetcher_error = self.fetcher_error, None
-                if self.spec.on_error != "raise":
-                    raise SkipBatch([(None, type(error).__qualname__, str(error), None)])
-                raise error
-            if self.fetcher is None:
-                raise StopIteration
             arena.begin()
-            batch, failures = self.fetcher.fetch(index, seed)
+            batch, failures = fetch_stream(self.fetcher, error, self.spec.on_error, index, seed)
             enc = encode(batch, arena)
             del batch
         except StopIteration:

@@ -22,7 +22,7 @@ from torch.utils.data._utils import worker as _torch_worker
 
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
-from stoker.workers._fetch import BatchFetcher, SkipBatch
+from stoker.workers._fetch import BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec
 from stoker.workers._status import IDLE
 
@@ -131,15 +131,9 @@ class _ThreadWorker:
         wid, pool = self.spec.worker_id, self.pool
         t0 = time.perf_counter()
         pool.status.begin(wid, epoch, idx)
+        error, self.fetcher_error = self.fetcher_error, None  # reported once
         try:
-            if self.fetcher_error is not None:
-                error, self.fetcher_error = self.fetcher_error, None
-                if self.spec.on_error != "raise":
-                    raise SkipBatch([(None, type(error).__qualname__, str(error), None)])
-                raise error
-            if self.fetcher is None:
-                raise StopIteration
-            batch, failures = self.fetcher.fetch(index, seed)
+            batch, failures = fetch_stream(self.fetcher, error, self.spec.on_error, index, seed)
         except StopIteration:
             pool.results.put(("Z", epoch, idx, wid))
             return
