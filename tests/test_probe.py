@@ -41,11 +41,27 @@ def _fetch(ds: Dataset) -> object:
     return _MapDatasetFetcher(ds, True, default_collate, False).fetch
 
 
-def test_gil_free_loading_gets_threads_and_gil_bound_gets_processes():
+class GilFreeCompute(Dataset):
+    """CPU work that releases the GIL (like decoding): processes, not threads."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> object:
+        import torch
+
+        x = torch.full((256, 256), float(i))
+        return (x @ x).sum()
+
+
+def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
     backend, why = choose_backend(Sleepy(), _fetch(Sleepy()), 4, iterable=False)
-    assert backend == "thread" and "releases the GIL" in why
+    assert backend == "thread" and "mostly waits" in why
     backend, why = choose_backend(PurePython(), _fetch(PurePython()), 4, iterable=False)
-    assert backend == "process" and "holds the GIL" in why
+    assert backend == "process" and "CPU work" in why
+    ds = GilFreeCompute()
+    backend, why = choose_backend(ds, _fetch(ds), 4, iterable=False)
+    assert backend == "process" and "CPU work" in why
 
 
 def test_iterable_datasets_get_processes_without_probing():
