@@ -34,11 +34,11 @@ from stoker.faults import Failure
 from stoker.loader import DataLoader
 
 if TYPE_CHECKING:
+    from stoker._tune import tune
     from stoker.doctor import diagnose
     from stoker.monitor import watch
     from stoker.sampling import RankSampler, World
     from stoker.shards import HDF5Dataset, LMDBDataset, ShardDataset
-    from stoker.tune import tune
 
 __version__ = "0.1.0"
 
@@ -50,7 +50,7 @@ _LAZY = {
     "ShardDataset": "stoker.shards",
     "World": "stoker.sampling",
     "diagnose": "stoker.doctor",
-    "tune": "stoker.tune",
+    "tune": "stoker._tune",
     "watch": "stoker.monitor",
 }
 

@@ -27,9 +27,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from stoker._tune import tune
     from stoker.bench._cli import load_factory
     from stoker.errors import ConfigError
-    from stoker.tune import tune
 
     console = Console()
     try:

@@ -59,3 +59,20 @@ def test_build_loader_makes_torch_and_stoker_loaders() -> None:
 
     stoker_loader = build_loader(ContenderSpec("stoker", 0), ds, 16, range(64))
     assert isinstance(stoker_loader, DataLoader)
+
+
+def test_full_mode_adds_auto_and_watched_stoker() -> None:
+    from stoker.bench._contenders import build_loader, close_loader, standard_contenders
+
+    specs = standard_contenders(2, 2, None, 2, stoker_auto=True, stoker_watched=True)
+    by_role = {r: s for s in specs for r in s.roles}
+    assert by_role["stoker-auto"].name == "stoker auto"
+    assert by_role["stoker-auto"].config["num_workers"] == "auto"
+    watched = by_role["stoker-watched"]
+    assert watched.name == "stoker nw=2 watched"
+    loader = build_loader(watched, list(range(8)), 4, None)
+    batches = [b.tolist() for b in loader]
+    assert type(loader).__name__ == "Watch" and batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    close_loader(loader)
+    quick = standard_contenders(2, 2, None, 2)
+    assert not any({"stoker-auto", "stoker-watched"} & set(s.roles) for s in quick)

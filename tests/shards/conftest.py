@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 HERE = Path(__file__).parent
@@ -16,36 +12,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 
-def run_cli(command: str, *argv: str) -> int:
-    """Run `stoker pack` / `stoker index` through their own parser and `run`."""
-    module = importlib.import_module(f"stoker.shards._{command}_cli")
-    parser = argparse.ArgumentParser(prog=f"stoker {command}")
-    module.configure(parser)
-    return int(module.run(parser.parse_args(list(argv))))
-
-
-def subprocess_env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([src, str(HERE), env.get("PYTHONPATH", "")])
-    return env
-
-
-def make_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: int = 24) -> Path:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        folder = root / f"class_{c}"
-        (folder / "nested").mkdir(parents=True)
-        for i in range(per_class):
-            pixels = rng.integers(0, 255, (size, size + i, 3), dtype=np.uint8)
-            target = (
-                folder / ("nested" if i % 3 == 0 else "") / f"img_{i}.{'jpeg' if i == 1 else 'jpg'}"
-            )
-            Image.fromarray(pixels).save(target, quality=90)
-        (folder / "notes.txt").write_text("not an image")
-    return root
+from shard_helpers import make_image_folder, run_cli  # noqa: E402 (needs HERE on sys.path)
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 import torch.utils.data as tud
 import webdataset as wds
 from PIL import Image
+from shard_helpers import run_cli
 
-from conftest import run_cli
 from stoker.shards import HDF5Dataset, LMDBDataset, ShardDataset, pack, read_index
 
 

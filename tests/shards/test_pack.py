@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shard_helpers import run_cli, subprocess_env
 
-from conftest import run_cli, subprocess_env
 from stoker.errors import ConfigError
 from stoker.shards import IncompleteShardsError, ShardDataset, ShardError, pack, read_index
 from stoker.shards._index import PACK_STATE_NAME
@@ -127,7 +127,7 @@ def test_parse_size() -> None:
 
 def _start_pack(source: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
     code = (
-        "import sys; sys.argv[0] = 'stoker'; from conftest import run_cli; "
+        "import sys; sys.argv[0] = 'stoker'; from shard_helpers import run_cli; "
         "sys.exit(run_cli('pack', *sys.argv[1:]))"
     )
     env = subprocess_env()

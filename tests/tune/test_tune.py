@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import stoker
-from stoker import tune as tune_mod
+from stoker import _tune as tune_mod
 from stoker._config import load_config
-from stoker.tune import Candidate, candidates, tune
+from stoker._tune import Candidate, candidates, tune
 
 from .tune_factories import Squares
 

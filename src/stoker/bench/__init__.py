@@ -116,6 +116,7 @@ def make_plan(
         )
     return Plan(
         stoker_auto=not quick,
+        stoker_watched=not quick,
         repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,

@@ -52,6 +52,7 @@ class ContenderSpec:
     pin_memory: bool = False
     roles: tuple[Role, ...] = field(default=(), compare=False)
     auto: bool = False  # stoker with num_workers="auto" (num_workers is then its start)
+    watched: bool = False  # stoker wrapped in stoker.watch (measures the monitor's cost)
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -66,6 +67,8 @@ class ContenderSpec:
         """Label for the table: library, then what differs from its defaults."""
         if self.auto:
             return f"{self.library} auto"
+        if self.watched:
+            return f"{self.library} nw={self.num_workers} watched"
         if self.library not in ("torch", "stoker") or (
             self.library == "stoker"
             and self.prefetch_factor is None
@@ -102,6 +105,7 @@ def standard_contenders(
     best: ContenderSpec | None,
     same_prefetch: int,
     stoker_auto: bool = False,
+    stoker_watched: bool = False,
 ) -> list[ContenderSpec]:
     """torch's reference configurations and stoker with its defaults (before merging).
 
@@ -111,6 +115,7 @@ def standard_contenders(
         best: torch's best grid configuration, if a grid ran.
         same_prefetch: torch's better ``prefetch_factor`` at ``stoker_workers``.
         stoker_auto: also stoker with ``num_workers="auto"`` (and ``prefetch_factor="auto"``).
+        stoker_watched: also stoker's defaults wrapped in ``stoker.watch`` (its overhead).
     """
     cuda = torch.cuda.is_available()
     specs = [
@@ -125,6 +130,10 @@ def standard_contenders(
     specs.append(ContenderSpec("stoker", stoker_workers, roles=("stoker",)))
     if stoker_auto:
         specs.append(ContenderSpec("stoker", stoker_workers, auto=True, roles=("stoker-auto",)))
+    if stoker_watched:
+        specs.append(
+            ContenderSpec("stoker", stoker_workers, watched=True, roles=("stoker-watched",))
+        )
     return specs
 
 
@@ -177,6 +186,13 @@ def build_loader(
         if spec.auto:
             kwargs["prefetch_factor"] = "auto"
             return DataLoader(dataset, num_workers="auto", pin_memory=spec.pin_memory, **kwargs)
+        if spec.watched:
+            from stoker.monitor import watch
+
+            inner = DataLoader(
+                dataset, num_workers=spec.num_workers, pin_memory=spec.pin_memory, **kwargs
+            )
+            return watch(inner, every=100, progress=False)
         return DataLoader(
             dataset, num_workers=spec.num_workers, pin_memory=spec.pin_memory, **kwargs
         )

@@ -255,7 +255,12 @@ def _contenders(
     at_same = [p for p in ok if p.num_workers == plan.stoker_workers]
     same_pf = max(at_same, key=lambda p: p.samples_per_s or 0.0).prefetch_factor if at_same else 2
     specs = standard_contenders(
-        plan.cores, plan.stoker_workers, best, same_pf or 2, stoker_auto=plan.stoker_auto
+        plan.cores,
+        plan.stoker_workers,
+        best,
+        same_pf or 2,
+        stoker_auto=plan.stoker_auto,
+        stoker_watched=plan.stoker_watched,
     )
     extra, missing = optional_contenders(plan.stoker_workers)
     notes.append(plan.grid_note)

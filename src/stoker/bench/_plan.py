@@ -46,6 +46,7 @@ class Plan:
         cores: usable cores.
         multiprocessing_context: start method for every loader with workers (``None``: default).
         stoker_auto: also measure stoker with ``num_workers="auto"`` (full mode).
+        stoker_watched: also measure stoker wrapped in ``stoker.watch`` (full mode).
     """
 
     repeats: int
@@ -60,6 +61,7 @@ class Plan:
     cores: int
     multiprocessing_context: str | None = None
     stoker_auto: bool = False
+    stoker_watched: bool = False
 
     def __post_init__(self) -> None:
         if self.repeats < 1:

@@ -83,6 +83,7 @@ _ROLE_TEXT = {
     "torch-persistent": "persistent",
     "stoker": "defaults",
     "stoker-auto": 'num_workers="auto"',
+    "stoker-watched": "in stoker.watch",
     "optional": "optional",
     "torch-other": "",
 }
@@ -121,6 +122,9 @@ def verdict(w: WorkloadResult) -> str:
     r_auto = w.ratio_to_best(auto) if auto is not None else None
     if r_auto is not None:
         parts.append(f'num_workers="auto" {r_auto:.2f}x torch\'s best')
+    watched = next((c for c in w.contenders if "stoker-watched" in c.roles and c.ok), None)
+    if watched is not None and watched.samples_per_s and st.samples_per_s:
+        parts.append(f"stoker.watch costs {1 - watched.samples_per_s / st.samples_per_s:.1%}")
     mine, theirs = st.peak_pss_bytes, same.peak_pss_bytes if same else None
     pss_ratio = ratio(mine, theirs)
     if mine is not None and theirs is not None and pss_ratio is not None:

@@ -32,6 +32,7 @@ Role = Literal[
     "torch-other",
     "stoker",
     "stoker-auto",
+    "stoker-watched",
     "optional",
 ]
 
