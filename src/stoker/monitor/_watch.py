@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, Generic, TypeVar
@@ -254,25 +255,28 @@ class Watch(Generic[T]):
                     next_refresh = t_done + period
                 t_req = clock()
         finally:
-            now = clock()
-            if pending:  # the loop stopped (break, exception) while holding the last batch
-                step = meter.steps
-                event = meter.add(t_got - t_req, now - t_got, size, epoch_start=first_of_pass)
-                if sink is not None:
-                    sink.step(step, t_req - t0, t_got - t_req, now - t_got, size)
-                    if event is not None:
-                        sink.stall(event)
-            if meter.interval.steps:
-                self._interval(now, sink)
-            self._active_s += now - start
-            summary = self.summary()
-            try:
-                if sink is not None:
-                    sink.summary(summary)
-            finally:
-                if sink is not None:
-                    sink.close()
-                display.close(summary)
+            # Collected at interpreter exit (never finished): modules are going away, so
+            # nothing is summarised or written.
+            if not sys.is_finalizing():
+                now = clock()
+                if pending:  # the loop stopped (break, exception) while holding the last batch
+                    step = meter.steps
+                    event = meter.add(t_got - t_req, now - t_got, size, epoch_start=first_of_pass)
+                    if sink is not None:
+                        sink.step(step, t_req - t0, t_got - t_req, now - t_got, size)
+                        if event is not None:
+                            sink.stall(event)
+                if meter.interval.steps:
+                    self._interval(now, sink)
+                self._active_s += now - start
+                summary = self.summary()
+                try:
+                    if sink is not None:
+                        sink.summary(summary)
+                finally:
+                    if sink is not None:
+                        sink.close()
+                    display.close(summary)
 
 
 def watch(
