@@ -470,9 +470,6 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
 
     # -- state, stats and shutdown -------------------------------------------------------
 
-    def epoch_state(self) -> EpochState | None:
-        return self._state
-
     def stats(self) -> LoaderStats:
         pool = self._pool
         now = time.monotonic()
