@@ -10,6 +10,12 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from hypothesis import settings
+
+# Property tests are deterministic: the same examples every run (CI must not fail by chance);
+# raise the example counts locally to search wider.
+settings.register_profile("stoker", derandomize=True, database=None)
+settings.load_profile("stoker")
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "stoker-"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -106,23 +108,21 @@ def test_real_workers_deliver_what_torch_single_process_delivers(
     size, batch_size, workers, drop_last, shuffle, in_order
 ):
     ds = _Indexed(size)
-    ref = torch.utils.data.DataLoader(
-        ds,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        generator=torch.Generator().manual_seed(3),
-    )
+    kwargs = {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last}
+    try:
+        ref = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kwargs)
+    except ValueError as exc:  # e.g. shuffling an empty dataset: stoker must refuse alike
+        with pytest.raises(ValueError, match=re.escape(str(exc))):
+            stoker.DataLoader(ds, num_workers=workers, **kwargs)
+        return
     want = [b.view(-1).tolist() for b in ref]
     loader = stoker.DataLoader(
         ds,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
         num_workers=workers,
         generator=torch.Generator().manual_seed(3),
         in_order=in_order,
         multiprocessing_context="fork",
+        **kwargs,
     )
     got = [b.view(-1).tolist() for b in loader]
     del loader
