@@ -1,5 +1,7 @@
-"""backend="auto": the probe picks threads for GIL-free loading, processes otherwise, and
-never hangs in its forked child (a parent that used torch's OpenMP pool once deadlocked it)."""
+"""backend="auto": the probe picks threads for loading that waits, the main process for
+batches cheaper than a worker hand-off and for datasets forked workers would copy, processes
+otherwise, and never hangs in its forked child (a parent that used torch's OpenMP pool once
+deadlocked it)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import textwrap
 
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
-from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from stoker._probe import choose_backend, choose_backend_isolated
 
@@ -37,10 +38,6 @@ class PurePython(Dataset):
         return sum(range(20_000)) + i
 
 
-def _fetch(ds: Dataset) -> object:
-    return _MapDatasetFetcher(ds, True, default_collate, False).fetch
-
-
 class GilFreeCompute(Dataset):
     """CPU work that releases the GIL (like decoding): processes, not threads."""
 
@@ -54,18 +51,95 @@ class GilFreeCompute(Dataset):
         return (x @ x).sum()
 
 
+class TailedCompute(GilFreeCompute):
+    """GIL-free compute, and 1 sample in 4 waits 20 ms: a heavy tail, not I/O."""
+
+    def __getitem__(self, i: int) -> object:
+        import time
+
+        if i % 4 == 0:
+            time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+class Cheap(Dataset):
+    """A sample costs well under a microsecond."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Paths(Dataset):
+    """600k path strings in a list: forked workers copy the pages they read."""
+
+    def __init__(self) -> None:
+        self.paths = [f"train/n{i % 1000:08d}/image_{i:09d}.JPEG" for i in range(600_000)]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        path = self.paths[i]
+        return sum(map(ord, path[-12:]))
+
+
 def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
-    backend, why = choose_backend(Sleepy(), _fetch(Sleepy()), 4, iterable=False)
+    backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False)
     assert backend == "thread" and "mostly waits" in why
-    backend, why = choose_backend(PurePython(), _fetch(PurePython()), 4, iterable=False)
-    assert backend == "process" and "CPU work" in why
-    ds = GilFreeCompute()
-    backend, why = choose_backend(ds, _fetch(ds), 4, iterable=False)
-    assert backend == "process" and "CPU work" in why
+    for ds in (PurePython(), GilFreeCompute()):
+        backend, why = choose_backend(ds, default_collate, 4, iterable=False)
+        assert backend == "process" and "CPU work" in why, (type(ds).__name__, why)
+
+
+def test_a_heavy_tail_of_slow_samples_is_not_mistaken_for_io():
+    ds = TailedCompute()
+    backend, why = choose_backend(ds, default_collate, 4, iterable=False)
+    assert backend == "process" and "CPU work" in why, why
+
+
+def test_batches_cheaper_than_a_hand_off_load_in_the_main_process_when_allowed():
+    backend, why = choose_backend(Cheap(), default_collate, 8, iterable=False)
+    assert backend == "inline" and "loads in" in why
+    backend, _ = choose_backend(Cheap(), default_collate, 8, iterable=False, allow_inline=False)
+    assert backend == "process"
+
+
+def test_a_dataset_forked_workers_would_copy_stays_in_the_main_process():
+    ds = Paths()
+    backend, why = choose_backend_isolated(ds, default_collate, 256, iterable=False)
+    assert backend == "inline" and "copy the dataset" in why and "stoker.compact" in why, why
+    # Explicit workers: threads share the dataset instead of copying it.
+    backend, why = choose_backend_isolated(
+        ds, default_collate, 256, iterable=False, allow_inline=False
+    )
+    assert backend == "thread" and "copy the dataset" in why, why
+    # The same strings made flat (stoker.compact): nothing to copy, so workers are fine.
+    import stoker
+
+    ds.paths = stoker.compact(ds.paths)
+    backend, why = choose_backend_isolated(ds, default_collate, 256, iterable=False)
+    assert "copy the dataset" not in why, why
 
 
 def test_iterable_datasets_get_processes_without_probing():
     assert choose_backend_isolated(Sleepy(), None, 4, iterable=True)[0] == "process"
+
+
+def test_auto_loader_that_loads_inline_says_why_and_delivers_torchs_batches():
+    import torch
+
+    import stoker
+
+    loader = stoker.DataLoader(Cheap(), batch_size=8, num_workers="auto")
+    got = [b.tolist() for b in loader]
+    assert loader.num_workers == 0
+    stats = loader.stats()
+    assert stats.backend == "inline" and stats.notes[0].startswith("backend=inline"), stats
+    want = [b.tolist() for b in torch.utils.data.DataLoader(Cheap(), batch_size=8)]
+    assert got == want
 
 
 def test_probe_child_does_not_hang_after_the_parent_used_openmp():

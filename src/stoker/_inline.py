@@ -35,6 +35,7 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
         self._policy = loader.failure_policy
         self._failures: list[Failure] = loader.failures
+        self._notes: list[str] = getattr(loader, "_backend_notes", [])
         self._wait_s = 0.0
         self._samples = 0
         self._failed_samples = 0
@@ -175,4 +176,5 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             samples=self._samples,
             wait_s=self._wait_s,
             failures=len(self._failures),
+            notes=tuple(self._notes),
         )

@@ -1,48 +1,122 @@
-"""``backend="auto"``: a short measurement that picks thread or process workers.
+"""``backend="auto"``: a short measurement that picks inline, thread or process loading.
 
-It loads a few batches with one thread, timing wall and CPU time, then as many again with two
-threads at once. Threads are chosen when loading mostly *waits* (storage, network: little CPU
-for its wall time) and two threads run nearly twice as fast as one: then many threads hide the
-waits without pickling, inter-process copies or per-worker copies of the dataset. Loading that
-is mostly CPU work goes to processes, even when it releases the GIL (decoding): processes run
-it in parallel just as well and never contend with the training loop for the GIL (measured:
-threads reached 0.38x of processes on the bench's ``large`` workload, 0.75x on ``jpeg``).
+It runs in a forked child (a copy of the process, as a worker would be) and loads samples one
+at a time, timing wall and CPU time of each and collating them into batches; then it loads the
+same samples again with two threads at once; and it measures how many private bytes reading
+them copied (copy-on-read of Python objects). Then:
+
+* **threads** when the typical sample mostly *waits* (storage, network: the median sample
+  uses little CPU for its wall time) and two threads load nearly twice as fast as one: many
+  threads hide the waits without pickling, inter-process copies or per-worker copies of the
+  dataset. The median, not the mean, so that a rare slow sample (a heavy tail) does not pass
+  for I/O;
+* **inline** (``num_workers="auto"`` only) when a whole batch loads faster than the main
+  process would take to receive it from a worker, or when forked workers would copy the
+  dataset as they read it and threads would not run the work in parallel either: loading in
+  the main process then costs less and copies nothing;
+* **threads** when forked workers would copy the dataset and the work runs in parallel in
+  threads (it releases the GIL);
+* **processes** otherwise: CPU work, even GIL-free work such as decoding, runs in parallel in
+  processes just as well and never contends with the training loop for the GIL (measured:
+  threads reached 0.38x of processes on the bench's ``large`` workload, 0.75x on ``jpeg``).
 """
 
 from __future__ import annotations
 
+import gc
+import statistics
 import threading
 import time
 from typing import Any
 
 from stoker._platform import usable_cores
 
-__all__ = ["choose_backend", "choose_backend_isolated"]
+__all__ = ["COW_BYTES_PER_SAMPLE", "INLINE_BATCH_S", "choose_backend", "choose_backend_isolated"]
 
-# Seconds the probe may spend, in all.
+# Seconds the probe may spend, in all (the serial pass gets a third, the two threads the rest).
 PROBE_BUDGET_S = 0.6
 # Two threads must beat one by this factor for threads to be chosen.
 THREAD_SPEEDUP = 1.6
-# ... and at least this share of a batch's wall time must be waiting (not CPU).
+# ... and the median sample must spend at least this share of its wall time waiting.
 THREAD_WAIT_SHARE = 0.5
+# A batch that loads in less than this is cheaper to load in the main process than to receive
+# from a worker (measured: receiving costs the main process 0.35-0.40 ms of CPU per batch on
+# a 2.5 GHz Xeon, for small batches).
+INLINE_BATCH_S = 0.3e-3
+# Private bytes per sample read above which forked workers are said to copy the dataset
+# (a Python object read in a random order dirties about one 4 KiB page).
+COW_BYTES_PER_SAMPLE = 1024
+# ... and the dataset must hold at least this much in Python containers (estimated).
+COW_CONTAINER_BYTES = 16 * 2**20
 # The parent gives the probing child this long before it kills it and picks processes.
 PROBE_DEADLINE_S = 10.0
-_MAX_BATCHES = 64
+# Most samples the serial pass loads.
+_MAX_SAMPLES = 4096
+# Indices are spread over the dataset with this stride (coprime with any length that is not
+# a multiple of it), so that the probe reads as a shuffled epoch does, not one region.
+_STRIDE = 2_654_435_761
 
 
-def _load(dataset: Any, fetch: Any, batches: list[list[int]]) -> None:
-    for index in batches:
-        fetch(index)
+def shared_dirty_bytes() -> int | None:
+    """Dirty pages this process still shares (after a fork: with its parent), from
+    ``/proc/self/smaps_rollup``; None where that file does not exist.
+
+    A forked child that writes to an inherited page gets a private copy of it, and the page
+    leaves this count, while fresh allocations never enter it: its decrease is what the child
+    copied, whatever else it allocated meanwhile.
+    """
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Shared_Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
-def choose_backend(dataset: Any, fetch: Any, batch_size: int, iterable: bool) -> tuple[str, str]:
-    """Return ``(backend, why)``.
+def _load(dataset: Any, indices: list[int], walls: list[float]) -> None:
+    for i in indices:
+        t0 = time.perf_counter()
+        dataset[i]
+        walls.append(time.perf_counter() - t0)
+
+
+def _holds_python_objects(dataset: Any) -> bool:
+    """Whether the dataset holds large containers of Python objects (copy-on-read suspects).
+
+    A forked child also copies free heap memory its parent left, as it allocates: measured
+    copying is blamed on the dataset only when the dataset holds something to copy.
+    """
+    from stoker.doctor._memory import find_containers
+
+    try:
+        return sum(c.bytes for c in find_containers(dataset)) >= COW_CONTAINER_BYTES
+    except Exception:
+        return False
+
+
+def choose_backend(
+    dataset: Any,
+    collate_fn: Any,
+    batch_size: int,
+    iterable: bool,
+    *,
+    allow_inline: bool = True,
+    forked: bool = False,
+    budget_s: float = PROBE_BUDGET_S,
+) -> tuple[str, str]:
+    """Return ``(backend, why)``: ``"inline"``, ``"thread"`` or ``"process"``.
 
     Args:
         dataset: the dataset (map-style datasets are probed; iterable ones get processes).
-        fetch: callable loading (and collating) one list of indices.
-        batch_size: samples per probed batch.
+        collate_fn: the loader's collate function (batches are collated as the loader would).
+        batch_size: samples per batch.
         iterable: whether the dataset is an ``IterableDataset``.
+        allow_inline: whether loading in the main process is an option (``num_workers="auto"``).
+        forked: whether this runs in a forked child whose inherited objects are frozen
+            (``gc.freeze``): only then does its private-memory growth measure copy-on-read.
+        budget_s: seconds the probe may spend.
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -55,34 +129,100 @@ def choose_backend(dataset: Any, fetch: Any, batch_size: int, iterable: bool) ->
     if n == 0:
         return "process", "empty dataset"
     size = max(1, batch_size)
-    batch_of = [[(b * size + k) % n for k in range(size)] for b in range(_MAX_BATCHES)]
-    # Serial: as many batches as fit in a third of the budget.
-    t0, c0 = time.perf_counter(), time.thread_time()
-    done = 0
-    while done < _MAX_BATCHES // 2 and time.perf_counter() - t0 < PROBE_BUDGET_S / 3:
-        fetch(batch_of[done])
-        done += 1
-    serial = (time.perf_counter() - t0) / done
-    waiting = max(0.0, 1.0 - (time.thread_time() - c0) / done / max(serial, 1e-9))
-    # Two threads, the same number of batches each.
-    halves = [batch_of[done : 2 * done], batch_of[done : 2 * done]]
-    threads = [threading.Thread(target=_load, args=(dataset, fetch, h)) for h in halves]
+    order = [(k * _STRIDE) % n for k in range(min(n, _MAX_SAMPLES))]
+    for i in order[: min(len(order), 2)]:  # warm-up: first-use costs are not the dataset's
+        collate_fn([dataset[i]])
+    shared0 = shared_dirty_bytes() if forked else None
+    walls: list[float] = []
+    cpus: list[float] = []
+    collate_s = 0.0
+    batch: list[Any] = []
+    t0 = time.perf_counter()
+    half: tuple[int, int | None] | None = None  # (samples, shared bytes) halfway
+    while len(walls) < len(order) and (
+        time.perf_counter() - t0 < budget_s / 3 or len(walls) < min(size, 8)
+    ):
+        if half is None and time.perf_counter() - t0 >= budget_s / 6:
+            half = (len(walls), shared_dirty_bytes() if forked else None)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        batch.append(dataset[order[len(walls)]])
+        cpus.append(time.thread_time() - c0)
+        walls.append(time.perf_counter() - w0)
+        if len(batch) == size:
+            c1 = time.perf_counter()
+            collate_fn(batch)
+            collate_s += time.perf_counter() - c1
+            batch = []
+    if batch:
+        c1 = time.perf_counter()
+        collate_fn(batch)
+        collate_s += time.perf_counter() - c1
+    shared1 = shared_dirty_bytes() if forked else None
+    loaded = len(walls)
+    serial = sum(walls)
+    # Copies in the second half only: the first samples also write to free heap memory the
+    # parent left (a bounded, one-off copy); reading a dataset's objects keeps copying.
+    start, shared_half = half if half is not None and half[0] < loaded else (0, shared0)
+    copied = (
+        max(0, shared_half - shared1) / (loaded - start)
+        if shared_half is not None and shared1 is not None
+        else 0.0
+    )
+    batch_s = (serial + collate_s) / loaded * size
+    waiting = statistics.median(
+        max(0.0, 1.0 - c / w) if w > 0 else 0.0 for c, w in zip(cpus, walls, strict=True)
+    )
+    # Two threads, each loading half as many other samples (as cold as the serial pass's).
+    fresh = [(k * _STRIDE) % n for k in range(len(order), len(order) + loaded)]
+    halves = [fresh[: loaded // 2 or 1], fresh[loaded // 2 or 1 :]] if loaded > 1 else [fresh]
+    twos: list[list[float]] = [[] for _ in halves]
+    threads = [
+        threading.Thread(target=_load, args=(dataset, part, out))
+        for part, out in zip(halves, twos, strict=True)
+    ]
     t1 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    parallel = (time.perf_counter() - t1) / (2 * done)
-    speedup = serial / max(parallel, 1e-9)
+    # Two threads that run in parallel load each sample as fast as one thread alone; two that
+    # take turns, half as fast. By the median sample, so that a rare slow sample does not
+    # decide, and by the total, which shows turn-taking on samples shorter than the
+    # interpreter's switch interval: the lower of the two.
+    parallel_walls = [w for two in twos for w in two]
+    per_sample = max(statistics.median(parallel_walls), 1e-9)
+    by_median = len(halves) * statistics.median(walls) / per_sample
+    by_total = serial / max(time.perf_counter() - t1, 1e-9)
+    speedup = min(by_median, by_total)
+    parallel = speedup >= THREAD_SPEEDUP
+    if waiting >= THREAD_WAIT_SHARE and parallel:
+        return "thread", (
+            f"loading mostly waits (the median sample waits {waiting:.0%} of its time) and two "
+            f"threads loaded {speedup:.1f}x as fast as one: threads hide the waits without "
+            "pickling or copying"
+        )
+    if allow_inline and batch_s < INLINE_BATCH_S:
+        return "inline", (
+            f"a batch loads in {batch_s * 1e3:.2f} ms: less than receiving it from a worker "
+            "would cost the main process, so it loads there"
+        )
+    if copied >= COW_BYTES_PER_SAMPLE and _holds_python_objects(dataset):
+        cow = (
+            f"forked workers would copy the dataset as they read it ({copied / 1024:,.1f} KiB "
+            "per sample measured; `stoker.compact` or numpy arrays let processes share it)"
+        )
+        if parallel:
+            return "thread", f"{cow}; two threads loaded {speedup:.1f}x as fast as one: threads"
+        if allow_inline:
+            return "inline", (
+                f"{cow}; two threads loaded only {speedup:.1f}x as fast as one (the work holds "
+                f"the GIL); a batch loads in {batch_s * 1e3:.2f} ms: loading in the main process"
+            )
+        return "thread", f"{cow}: threads share it"
     if waiting < THREAD_WAIT_SHARE:
         return "process", (
-            f"loading is CPU work ({1 - waiting:.0%} of its time): processes run it in parallel "
-            "without contending with the training loop for the GIL"
-        )
-    if speedup >= THREAD_SPEEDUP:
-        return "thread", (
-            f"loading mostly waits ({waiting:.0%} of its time) and two threads loaded "
-            f"{speedup:.1f}x as fast as one: threads hide the waits without pickling or copying"
+            f"loading is CPU work (the median sample computes {1 - waiting:.0%} of its time): "
+            "processes run it in parallel without contending with the training loop for the GIL"
         )
     return "process", (
         f"two threads loaded only {speedup:.1f}x as fast as one: loading holds the GIL, so it "
@@ -91,7 +231,7 @@ def choose_backend(dataset: Any, fetch: Any, batch_size: int, iterable: bool) ->
 
 
 def choose_backend_isolated(
-    dataset: Any, fetch: Any, batch_size: int, iterable: bool
+    dataset: Any, collate_fn: Any, batch_size: int, iterable: bool, *, allow_inline: bool = True
 ) -> tuple[str, str]:
     """:func:`choose_backend` in a forked child, so the probe's reads leave no trace here.
 
@@ -102,7 +242,7 @@ def choose_backend_isolated(
     import pickle
 
     if iterable or not hasattr(os, "fork"):
-        return choose_backend(dataset, fetch, batch_size, iterable)
+        return choose_backend(dataset, collate_fn, batch_size, iterable, allow_inline=allow_inline)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
@@ -114,7 +254,11 @@ def choose_backend_isolated(
             import torch
 
             torch.set_num_threads(1)
-            result = choose_backend(dataset, fetch, batch_size, iterable)
+            # As workers do: a garbage collection must not count as copying the dataset.
+            gc.freeze()
+            result = choose_backend(
+                dataset, collate_fn, batch_size, iterable, allow_inline=allow_inline, forked=True
+            )
             os.write(w, pickle.dumps(result))
         except BaseException as exc:
             try:
@@ -126,7 +270,6 @@ def choose_backend_isolated(
     os.close(w)
     import select
     import signal
-    import time
 
     chunks: list[bytes] = []
     deadline = time.monotonic() + PROBE_DEADLINE_S

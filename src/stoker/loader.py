@@ -274,6 +274,8 @@ class DataLoader(tud.DataLoader):
             super().check_worker_number_rationality()
 
     def _get_iterator(self) -> Any:
+        if self.num_workers > 0 and self._resolved_backend == "auto":
+            self._resolve_backend()
         if self.num_workers == 0:
             from stoker._inline import InlineIterator
 
@@ -281,26 +283,35 @@ class DataLoader(tud.DataLoader):
         else:
             from stoker._iterator import MultiWorkerIterator
 
-            if self._resolved_backend == "auto":
-                self._resolve_backend()
             self.check_worker_number_rationality()
             iterator = MultiWorkerIterator(self)
         self._live = weakref.ref(iterator)
         return iterator
 
     def _resolve_backend(self) -> None:
-        """``backend="auto"``: probe once, in a forked child, and keep the answer."""
-        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+        """``backend="auto"``: probe once, in a forked child, and keep the answer.
 
+        With ``num_workers="auto"`` the answer may be to load in the main process: the loader
+        then runs with ``num_workers=0`` (and says why in :meth:`stats`).
+        """
         from stoker._probe import choose_backend_isolated
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
-        fetcher = _MapDatasetFetcher(self.dataset, True, self.collate_fn, False)
+        collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
         backend, why = choose_backend_isolated(
-            self.dataset, fetcher.fetch, self.batch_size or 1, iterable
+            self.dataset,
+            collate,
+            self.batch_size or 1,
+            iterable,
+            allow_inline=self._auto_workers,
         )
-        self._resolved_backend = backend
         self._backend_notes.append(f"backend={backend}: {why}")
+        if backend == "inline":
+            self._resolved_backend = "inline"
+            self.num_workers = 0
+            self._auto_workers = False
+        else:
+            self._resolved_backend = backend
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands, for an exact resume with :meth:`load_state_dict`.
@@ -387,4 +398,5 @@ class DataLoader(tud.DataLoader):
             else "process",
             num_workers=self.num_workers,
             failures=len(self.failures),
+            notes=tuple(self._backend_notes),
         )
