@@ -183,3 +183,61 @@ def test_spawned_workers_get_a_picklable_dataset() -> None:
     result = bench_workload(_workload(), plan, quick=True)
     torch_runs = [c for c in result.contenders if c.library == "torch"]
     assert torch_runs and all(c.ok for c in torch_runs), [c.error for c in torch_runs]
+
+
+class Waits(Dataset[torch.Tensor]):
+    """Each sample waits 2 ms (I/O-like): auto grows its workers past the start."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        import time
+
+        time.sleep(0.002)
+        return torch.full((4,), idx)
+
+
+def test_auto_and_watched_contenders_and_ramps_run_for_real() -> None:
+    """num_workers="auto" warms up by time and is ramped from 1 and 16 workers; the watched
+    contender reports the watch's self-timed cost."""
+    steps: list[str] = []
+    plan = _tiny_plan(
+        repeats=1,
+        run_s=0.3,
+        stoker_auto=True,
+        stoker_watched=True,
+        auto_settle_s=0.3,
+        ramp_s=0.6,
+    )
+    wl = _workload(make_dataset=lambda quick: Waits(), batch_size=8)
+    result = bench_workload(wl, plan, quick=True, progress=lambda m, s: steps.append(m))
+    auto = next(c for c in result.contenders if "stoker-auto" in c.roles)
+    assert auto.ok, auto.error
+    watched = next(c for c in result.contenders if "stoker-watched" in c.roles)
+    assert watched.ok and watched.monitor_overhead is not None
+    assert 0 < watched.monitor_overhead < 0.5
+    assert [r.start_workers for r in result.ramps] == [1, 16]
+    for ramp in result.ramps:
+        assert ramp.error is None, ramp.error
+        assert ramp.backend == "thread" and ramp.decisions[0].startswith("backend=thread")
+        assert ramp.seconds >= 0.6 and ramp.epoch_s == pytest.approx(
+            100_000 / ramp.reference_samples_per_s
+        )
+    assert sum("auto ramp from" in m for m in steps) == 2
+
+
+def test_reach_time_is_the_first_full_window_at_the_goal() -> None:
+    from stoker.bench._ramp import reach_time
+
+    # 10 samples every 0.1 s for 1 s, then 20 every 0.1 s: the 0.55 s window reaches 95% of
+    # 200/s once it holds (nearly) only fast arrivals.
+    times = [round(0.1 * i, 1) for i in range(1, 21)]
+    counts, total = [], 0
+    for t in times:
+        total += 10 if t <= 1.0 else 20
+        counts.append(total)
+    assert reach_time(times, counts, 200.0, 0.55) == pytest.approx(1.5)
+    assert reach_time(times, counts, 100.0, 0.55) == pytest.approx(0.6)
+    assert reach_time(times, counts, 1000.0, 0.55) is None
+    assert reach_time([], [], 1.0, 0.5) is None

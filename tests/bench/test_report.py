@@ -54,6 +54,7 @@ def test_json_document_shape_and_derived_fields() -> None:
         "tree_cpu_s",
         "peak_pss_bytes",
         "epoch_first_batch_s",
+        "monitor_overhead_s",
     }
     assert w["grid"][2] == {
         "num_workers": 4,
@@ -116,3 +117,26 @@ def test_verdict_mentions_memory_only_when_it_differs() -> None:
     heavy = contender("stoker nw=2", "stoker", ("stoker",), 300.0, nw=2, peak_pss_bytes=600 * 2**20)
     w2 = WorkloadResult(**{**vars(w), "contenders": (*w.contenders[:3], heavy)})
     assert verdict(w2).endswith("PSS 600 MiB vs 300 MiB for torch at the same workers")
+
+
+def test_ramps_and_watch_cost_reach_the_verdict_and_survive_json() -> None:
+    import dataclasses
+
+    from stoker.bench._result import Ramp
+
+    from ._factories import contender
+
+    w = workload()
+    auto = contender("stoker auto", "stoker", ("stoker-auto",), 320.0, 330.0, nw=2)
+    ramps = (
+        Ramp(1, 10.0, 325.0, 1.5, 30.0, 4, "process", ("backend=process: ...",)),
+        Ramp(16, 10.0, 325.0, None, 30.0, 16, "process"),
+    )
+    w = dataclasses.replace(w, contenders=(*w.contenders, auto), ramps=ramps)
+    text = verdict(w)
+    assert "auto ramp from 1: 1.5 s, 5.0% of an epoch (-> 4 process)" in text
+    assert "from 16: not within 10 s" in text
+    doc = to_json(result(w))
+    back = from_json(json.loads(json.dumps(doc)))
+    assert back.workloads[0].ramps == ramps
+    assert doc["workloads"][0]["ramps"][0]["share_of_epoch"] == pytest.approx(0.05)

@@ -112,3 +112,23 @@ def test_torn_last_line_is_ignored(starved_log) -> None:
     text = path.read_text()
     path.write_text(text + '{"kind":"step","step":240,"t":1')
     assert load_run(path).steps == 240
+
+
+def test_the_watch_times_its_own_bookkeeping() -> None:
+    """``overhead_s`` is what the watch added between steps: with a real clock it is positive
+    and a small part of the run; with a clock that only the test moves, it is zero."""
+    import time
+
+    from stoker.monitor import watch
+
+    w = watch(range(2000), every=50, progress=False)
+    t0 = time.perf_counter()
+    for _ in w:
+        pass
+    elapsed = time.perf_counter() - t0
+    own = w.summary().overhead_s
+    assert 0 < own < elapsed
+    clock = FakeClock()
+    fake = Watch(producer(clock, [0.01] * 30), clock=clock, progress=False)
+    consume(fake, clock, 0.01)
+    assert fake.summary().overhead_s == 0.0

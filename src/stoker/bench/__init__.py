@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from stoker.bench._harness import Plan, Progress, bench_workload
+from stoker.bench._ramp import RAMP_STARTS, ramps_planned
 from stoker.bench._result import (
     BenchResult,
     ContenderResult,
@@ -61,10 +62,17 @@ QUICK_REPEATS = 3
 FULL_REPEATS = 5
 # Seconds per timed run, warm-up, grid run and ideal measurement (tests shrink them).
 QUICK_TIMINGS: Mapping[str, float] = MappingProxyType(
-    {"run_s": 0.4, "warmup_s": 0.05, "grid_run_s": 0.2, "ideal_s": 0.25}
+    {"run_s": 0.4, "warmup_s": 0.05, "grid_run_s": 0.2, "ideal_s": 0.25, "auto_settle_s": 0.2}
 )
 FULL_TIMINGS: Mapping[str, float] = MappingProxyType(
-    {"run_s": 3.0, "warmup_s": 0.5, "grid_run_s": 1.0, "ideal_s": 1.5}
+    {
+        "run_s": 3.0,
+        "warmup_s": 0.5,
+        "grid_run_s": 1.0,
+        "ideal_s": 1.5,
+        "auto_settle_s": 3.0,
+        "ramp_s": 10.0,
+    }
 )
 
 
@@ -158,7 +166,8 @@ def _machine(plan: Plan) -> dict[str, Any]:
 def _steps(workload: Workload, plan: Plan) -> int:
     contenders = 4 if workload.mode == "epochs" else 5
     grid = len(plan.grid()) if workload.mode == "steady" else 0
-    return 1 + grid + plan.repeats * contenders
+    ramps = len(RAMP_STARTS) if ramps_planned(workload, plan) else 0
+    return 1 + grid + plan.repeats * contenders + ramps
 
 
 def run(

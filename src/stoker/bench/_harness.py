@@ -34,8 +34,9 @@ from stoker.bench._contenders import (
 )
 from stoker.bench._measure import Meter, TreeMeter
 from stoker.bench._plan import Plan, Progress, Report, SeededSampler
-from stoker.bench._result import ContenderResult, GridPoint, RunSample, WorkloadResult
-from stoker.bench._stats import Ideal
+from stoker.bench._ramp import RAMP_STARTS, REACH, measure_ramp, ramps_planned
+from stoker.bench._result import ContenderResult, GridPoint, Ramp, RunSample, WorkloadResult
+from stoker.bench._stats import Ideal, median
 from stoker.bench._workloads import Workload, consume
 from stoker.errors import ConfigError
 
@@ -156,7 +157,12 @@ def _timed_run(
     bs = workload.batch_size
     if steady:
         samples = max(8 * bs, int(ideal.samples_per_s * run_s * RUN_SAMPLES_HEADROOM))
-        warmup: int | None = bs * max(1, spec.num_workers)
+        first_pass = bs * max(1, spec.num_workers)
+        if spec.auto:  # warm up by time: the controller settles
+            first_pass = max(
+                first_pass, int(ideal.samples_per_s * plan.auto_settle_s * RUN_SAMPLES_HEADROOM)
+            )
+        warmup: int | None = first_pass
     else:  # one epoch = one pass over the dataset
         samples, warmup = (0 if isinstance(dataset, tud.IterableDataset) else len(dataset)), None
     sampler = _sampler(dataset, workload, seed, samples, warmup)
@@ -165,11 +171,15 @@ def _timed_run(
     time_bound = run_s if workload.samples_per_run is None else None
     try:
         if steady:
-            warm_s = plan.warmup_s if sampler is None else None  # iterable: warm up by time
+            # Iterable datasets warm up by time, as does num_workers="auto" (it settles).
+            warm_s = plan.auto_settle_s if spec.auto else None
+            if sampler is None:
+                warm_s = max(warm_s or 0.0, plan.warmup_s)
             _iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter())
         epochs = workload.epochs if workload.mode == "epochs" else 1
         firsts: list[float] = []
         samples = batches = 0
+        own0 = _monitor_overhead(loader)
         with Meter(baseline) as meter:
             t0 = time.perf_counter()
             for _ in range(epochs):
@@ -183,6 +193,7 @@ def _timed_run(
                 samples, batches = samples + s, batches + b
                 firsts.append(first)
             seconds = time.perf_counter() - t0
+        own1 = _monitor_overhead(loader)
     finally:
         close_loader(loader)
         del loader
@@ -199,7 +210,14 @@ def _timed_run(
         tree_cpu_s=usage.tree_cpu_s,
         peak_pss_bytes=usage.peak_pss_bytes,
         epoch_first_batch_s=tuple(firsts) if workload.mode == "epochs" else (),
+        monitor_overhead_s=own1 - own0 if own0 is not None and own1 is not None else None,
     )
+
+
+def _monitor_overhead(loader: Any) -> float | None:
+    """Bookkeeping seconds so far of a loader wrapped in ``stoker.watch``, else None."""
+    summary = getattr(loader, "summary", None)
+    return float(summary().overhead_s) if callable(summary) else None
 
 
 def _describe(exc: BaseException) -> str:
@@ -322,6 +340,13 @@ def bench_workload(
                 f"{sample.samples_per_s:,.0f} samples/s",
                 1,
             )
+    ramps: tuple[Ramp, ...] = ()
+    auto = next((i for i, s in enumerate(specs) if s.auto and runs[i]), None)
+    if ramps_planned(workload, plan) and auto is not None:
+        reference = median([r.samples_per_s for r in runs[auto]])
+        ramps = tuple(
+            _ramp(dataset, workload, plan, start, reference, report) for start in RAMP_STARTS
+        )
     contenders = tuple(
         ContenderResult(
             name=s.name,
@@ -339,4 +364,27 @@ def bench_workload(
         contenders=contenders,
         grid=tuple(grid),
         notes=tuple(n for n in notes if n),
+        ramps=ramps,
     )
+
+
+def _ramp(
+    dataset: Any, workload: Workload, plan: Plan, start: int, reference: float, report: Report
+) -> Ramp:
+    baseline = TreeMeter.children_now()
+    try:
+        ramp = measure_ramp(
+            dataset, workload, start, plan.ramp_s, reference, plan.multiprocessing_context
+        )
+    except Exception as exc:  # reported with the workload; the bench goes on
+        ramp = Ramp(start, 0.0, reference, None, None, 0, "?", error=_describe(exc))
+    finally:
+        _wait_children_exit(baseline)
+    if ramp.error:
+        said = f"failed ({ramp.error})"
+    elif ramp.reach_s is None:
+        said = f"did not reach {REACH:.0%} of {reference:,.0f} samples/s in {ramp.seconds:.1f} s"
+    else:
+        said = f"{REACH:.0%} of {reference:,.0f} samples/s after {ramp.reach_s:.1f} s"
+    report(f"{workload.name}: auto ramp from {start} workers: {said}", 1)
+    return ramp

@@ -47,6 +47,11 @@ class Plan:
         multiprocessing_context: start method for every loader with workers (``None``: default).
         stoker_auto: also measure stoker with ``num_workers="auto"`` (full mode).
         stoker_watched: also measure stoker wrapped in ``stoker.watch`` (full mode).
+        auto_settle_s: warm-up seconds of the ``num_workers="auto"`` contender, in which its
+            controller settles (its timed runs then measure where it settled; how fast it
+            gets there is measured by the ramp runs).
+        ramp_s: seconds of each ramp run of ``num_workers="auto"`` (from 1 worker and from
+            16; 0 skips them).
     """
 
     repeats: int
@@ -62,11 +67,13 @@ class Plan:
     multiprocessing_context: str | None = None
     stoker_auto: bool = False
     stoker_watched: bool = False
+    auto_settle_s: float = 3.0
+    ramp_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ConfigError(f"`repeats` must be >= 1. Found: {self.repeats!r}.")
-        for name in ("run_s", "warmup_s", "grid_run_s", "ideal_s"):
+        for name in ("run_s", "warmup_s", "grid_run_s", "ideal_s", "auto_settle_s", "ramp_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"`{name}` must be >= 0. Found: {getattr(self, name)!r}.")
 

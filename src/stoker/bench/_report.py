@@ -20,6 +20,10 @@ JSON schema ``stoker.bench/1`` (``stoker bench --json out.json``)::
         "notes": ["..."],
         "verdict": "stoker 2.30x faster than torch's best here; ...",
         "torch_best": "torch nw=0",
+        "ramps": [{"start_workers": 1, "seconds": 10.0, "reference_samples_per_s": ...,
+                   "reach_s": 1.2, "epoch_s": 48.1, "share_of_epoch": 0.025,
+                   "final_workers": 24, "backend": "thread", "decisions": ["..."],
+                   "error": null}, ...],         # num_workers="auto" ramp runs (full mode)
         "contenders": [{
           "name": "torch nw=0", "library": "torch", "roles": ["torch-nw0", "torch-best"],
           "config": {"num_workers": 0, "prefetch_factor": null,
@@ -29,10 +33,10 @@ JSON schema ``stoker.bench/1`` (``stoker bench --json out.json``)::
                       "ratio_to_torch_same": ..., "fraction_of_ideal": ...,
                       "main_cpu_ms_per_batch": ..., "cpu_s_per_1k_samples": ...,
                       "peak_pss_bytes": ..., "first_batch_s": ...,
-                      "epoch_first_batch_s": [...]},
+                      "epoch_first_batch_s": [...], "monitor_overhead": ...},
           "runs": [{"seconds": ..., "samples": ..., "batches": ..., "first_batch_s": ...,
                     "main_cpu_s": ..., "tree_cpu_s": ..., "peak_pss_bytes": ...,
-                    "epoch_first_batch_s": [...]}, ...]
+                    "epoch_first_batch_s": [...], "monitor_overhead_s": ...}, ...]
         }, ...]
       }, ...]
     }
@@ -48,7 +52,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stoker.bench._result import BenchResult, ContenderResult, GridPoint, RunSample, WorkloadResult
+from stoker.bench._result import (
+    BenchResult,
+    ContenderResult,
+    GridPoint,
+    Ramp,
+    RunSample,
+    WorkloadResult,
+)
 from stoker.bench._stats import Ideal, ratio
 from stoker.errors import ConfigError
 
@@ -97,6 +108,17 @@ def _speed(r: float, what: str) -> str:
     return f"{1 / r:.2f}x slower than {what}"
 
 
+def _ramp_text(r: Ramp) -> str:
+    start = f"from {r.start_workers}"
+    if r.error:
+        return f"{start} failed"
+    if r.reach_s is None:
+        return f"{start}: not within {r.seconds:.0f} s"
+    share = r.share_of_epoch
+    of_epoch = f", {share:.1%} of an epoch" if share is not None else ""
+    return f"{start}: {r.reach_s:.1f} s{of_epoch} (-> {r.final_workers} {r.backend})"
+
+
 def verdict(w: WorkloadResult) -> str:
     """One line saying how stoker did on workload ``w``."""
     if w.error:
@@ -122,9 +144,19 @@ def verdict(w: WorkloadResult) -> str:
     r_auto = w.ratio_to_best(auto) if auto is not None else None
     if r_auto is not None:
         parts.append(f'num_workers="auto" {r_auto:.2f}x torch\'s best')
+    ramps = [_ramp_text(r) for r in w.ramps]
+    if ramps:
+        parts.append("auto ramp " + ", ".join(ramps))
     watched = next((c for c in w.contenders if "stoker-watched" in c.roles and c.ok), None)
     if watched is not None and watched.samples_per_s and st.samples_per_s:
-        parts.append(f"stoker.watch costs {1 - watched.samples_per_s / st.samples_per_s:.1%}")
+        ab = 1 - watched.samples_per_s / st.samples_per_s
+        own = watched.monitor_overhead
+        spreads = [x for x in (watched.spread, st.spread) if x is not None]
+        noise = f" within a spread of {max(spreads):.0%}" if spreads else ""
+        text = f"stoker.watch costs {ab:.1%} (A/B{noise})"
+        if own is not None:
+            text += f", {own:.2%} of wall time by its own clock"
+        parts.append(text)
     mine, theirs = st.peak_pss_bytes, same.peak_pss_bytes if same else None
     pss_ratio = ratio(mine, theirs)
     if mine is not None and theirs is not None and pss_ratio is not None:
@@ -263,6 +295,7 @@ def _summary(w: WorkloadResult, c: ContenderResult) -> dict[str, Any]:
         "peak_pss_bytes": c.peak_pss_bytes,
         "first_batch_s": c.first_batch_s,
         "epoch_first_batch_s": list(c.epoch_first_batch_s),
+        "monitor_overhead": c.monitor_overhead,
     }
 
 
@@ -294,6 +327,10 @@ def to_json(result: BenchResult) -> dict[str, Any]:
                 "notes": list(w.notes),
                 "verdict": verdict(w),
                 "torch_best": best.name if best else None,
+                "ramps": [
+                    {**vars(r), "decisions": list(r.decisions), "share_of_epoch": r.share_of_epoch}
+                    for r in w.ramps
+                ],
                 "contenders": [
                     {
                         "name": c.name,
@@ -366,6 +403,15 @@ def from_json(data: dict[str, Any]) -> BenchResult:
                     notes=tuple(w["notes"]),
                     error=w["error"],
                     duration_s=w.get("duration_s", 0.0),
+                    ramps=tuple(
+                        Ramp(
+                            **{
+                                **{k: v for k, v in r.items() if k != "share_of_epoch"},
+                                "decisions": tuple(r.get("decisions", ())),
+                            }
+                        )
+                        for r in w.get("ramps", ())
+                    ),
                 )
             )
         return BenchResult(

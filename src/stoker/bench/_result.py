@@ -17,6 +17,7 @@ __all__ = [
     "BenchResult",
     "ContenderResult",
     "GridPoint",
+    "Ramp",
     "Role",
     "RunSample",
     "WorkloadResult",
@@ -50,6 +51,8 @@ class RunSample:
         tree_cpu_s: CPU seconds of the main process and its workers during the run.
         peak_pss_bytes: peak total PSS of the main process and its workers.
         epoch_first_batch_s: first-batch latency of each epoch (``epochs`` mode only).
+        monitor_overhead_s: for a contender wrapped in ``stoker.watch``, the time the watch
+            spent on its own bookkeeping during the run (its self-timed cost), else ``None``.
     """
 
     seconds: float
@@ -60,6 +63,7 @@ class RunSample:
     tree_cpu_s: float
     peak_pss_bytes: int
     epoch_first_batch_s: tuple[float, ...] = ()
+    monitor_overhead_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -102,6 +106,12 @@ class ContenderResult:
     config: dict[str, Any]
     runs: tuple[RunSample, ...] = ()
     error: str | None = None
+
+    @property
+    def monitor_overhead(self) -> float | None:
+        """Median share of the run's wall time a ``stoker.watch`` spent on itself, if watched."""
+        shares = [r.monitor_overhead_s / r.seconds for r in self.runs if r.monitor_overhead_s]
+        return median(shares) if shares else None
 
     def _median(self, attr: str) -> float | None:
         if not self.runs:
@@ -157,6 +167,41 @@ class GridPoint:
 
 
 @dataclass(frozen=True)
+class Ramp:
+    """One ramp run of ``num_workers="auto"``.
+
+    Attributes:
+        start_workers: the worker count the controller started from.
+        seconds: length of the run, from ``iter()``.
+        reference_samples_per_s: the rate the ramp is measured against.
+        reach_s: seconds from ``iter()`` until the trailing window first reached ``95%`` of
+            the reference (``None``: not within the run).
+        epoch_s: an epoch of the workload at the reference rate (``None``: no ``len()``).
+        final_workers: workers running at the end (0: the loader loads in the main process).
+        backend: the backend the loader chose.
+        decisions: the loader's notes (backend choice and worker-count changes).
+        error: why the run failed, else ``None``.
+    """
+
+    start_workers: int
+    seconds: float
+    reference_samples_per_s: float
+    reach_s: float | None
+    epoch_s: float | None
+    final_workers: int
+    backend: str
+    decisions: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def share_of_epoch(self) -> float | None:
+        """``reach_s`` as a share of an epoch."""
+        if self.reach_s is None or not self.epoch_s:
+            return None
+        return self.reach_s / self.epoch_s
+
+
+@dataclass(frozen=True)
 class WorkloadResult:
     """Everything measured for one workload.
 
@@ -171,6 +216,7 @@ class WorkloadResult:
         notes: remarks printed under the table (reduced grid, skipped contenders...).
         error: why the workload could not run at all, else ``None``.
         duration_s: wall seconds the workload took (data generation included).
+        ramps: ramp runs of ``num_workers="auto"`` (full mode, steady workloads).
     """
 
     name: str
@@ -183,6 +229,7 @@ class WorkloadResult:
     notes: tuple[str, ...] = ()
     error: str | None = None
     duration_s: float = 0.0
+    ramps: tuple[Ramp, ...] = ()
 
     def with_role(self, role: Role) -> ContenderResult | None:
         """The first contender playing ``role`` that ran, or ``None``."""

@@ -190,6 +190,9 @@ class WatchSummary:
         stalls: every stall event of the run.
         sawtooth: periodic wait spikes over the whole run, if any.
         verdict, diagnosis, action: as in :class:`HealthReport`, for the whole run.
+        overhead_s: time the watch itself spent per step between handing over a batch and
+            asking for the next (its bookkeeping: its cost to the run), summed over finished
+            passes.
     """
 
     steps: int
@@ -208,6 +211,7 @@ class WatchSummary:
     action: str | None = None
     stalls: tuple[StallEvent, ...] = field(default_factory=tuple)
     sawtooth: Sawtooth | None = None
+    overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_fraction("wait_fraction", self.wait_fraction)

@@ -88,6 +88,7 @@ class Watch(Generic[T]):
         self._epoch = -1
         self._t0: float | None = None
         self._active_s = 0.0
+        self._own_s = 0.0
         self._health: LoaderHealth | None = None
         self._header_written = False
         self._pass_start = 0.0
@@ -134,6 +135,7 @@ class Watch(Generic[T]):
             action=action,
             stalls=stalls,
             sawtooth=saw,
+            overhead_s=self._own_s,
         )
 
     def __iter__(self) -> Iterator[T]:
@@ -223,6 +225,7 @@ class Watch(Generic[T]):
         pending = False
         t_req = t_got = start
         size: int | None = None
+        own = 0.0  # this pass's bookkeeping time (the watch's own cost)
         try:
             t_req = clock()
             while True:
@@ -233,11 +236,13 @@ class Watch(Generic[T]):
                 t_got = clock()
                 size = size_of(batch)
                 pending = True
+                t_yield = clock()
                 yield batch
                 t_done = clock()
                 pending = False
                 batch = None  # type: ignore[assignment]  # do not keep the batch alive
-                wait, compute = t_got - t_req, t_done - t_got
+                wait, compute = t_got - t_req, t_done - t_yield
+                own += t_yield - t_got
                 step = meter.steps
                 event = meter.add(wait, compute, size, epoch_start=first_of_pass)
                 first_of_pass = False
@@ -254,6 +259,7 @@ class Watch(Generic[T]):
                     display.refresh(meter.steps, rate, wait_frac, n / total if total else 0.0)
                     next_refresh = t_done + period
                 t_req = clock()
+                own += t_req - t_done
         finally:
             # Collected at interpreter exit (never finished): modules are going away, so
             # nothing is summarised or written.
@@ -269,6 +275,7 @@ class Watch(Generic[T]):
                 if meter.interval.steps:
                     self._interval(now, sink)
                 self._active_s += now - start
+                self._own_s += own
                 summary = self.summary()
                 try:
                     if sink is not None:
@@ -299,9 +306,10 @@ def watch(
     ``loader.stats()`` (worker busy fraction, reorder depth, slots, failures, restarts) and the
     workers' PSS; with torch's, the workers' CPU use; with ``pynvml`` and CUDA, GPU use.
 
-    The per-step cost is a few microseconds: three clock reads, a batch-size lookup and some
+    The per-step cost is a few microseconds: four clock reads, a batch-size lookup and some
     arithmetic; the progress bar redraws at most ``REFRESH_HZ`` times a second and the loader
-    is only inspected at health intervals.
+    is only inspected at health intervals. The watch times its own bookkeeping:
+    ``summary().overhead_s`` is what it added to the run (finished passes).
 
     Example::
 

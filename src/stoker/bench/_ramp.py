@@ -1,0 +1,127 @@
+"""How fast ``num_workers="auto"`` gets up to speed: ramp runs from 1 worker and from 16.
+
+A ramp run builds a fresh auto loader whose controller starts from a given worker count
+(:data:`stoker.loader.AUTO_START_WORKERS`), iterates for the plan's ``ramp_s`` seconds from
+``iter()`` (the backend probe and worker start-up included) and records when each batch
+arrived. The rate over a trailing window is compared with a reference rate, the auto
+contender's median from the timed runs (where its controller had settled), and the ramp ends
+at the first moment the window reaches :data:`REACH` of it. An epoch of the workload lasts
+``len(dataset)`` / reference rate, so the ramp can be read as a share of an epoch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import time
+from typing import Any
+
+import torch.utils.data as tud
+
+from stoker.bench._contenders import close_loader
+from stoker.bench._plan import Plan, SeededSampler
+from stoker.bench._result import Ramp
+from stoker.bench._workloads import Workload, consume
+
+__all__ = ["RAMP_STARTS", "REACH", "measure_ramp", "ramps_planned", "reach_time"]
+
+# Worker counts the controller starts from, and the share of the reference rate that ends
+# the ramp; the trailing window is WINDOW_SHARE of the run, at least MIN_WINDOW_S.
+RAMP_STARTS = (1, 16)
+REACH = 0.95
+WINDOW_SHARE = 0.1
+MIN_WINDOW_S = 0.5
+_SAMPLES = 10**9  # the sampler outlasts any ramp run
+
+
+def reach_time(
+    times: list[float], samples: list[int], reference: float, window_s: float
+) -> float | None:
+    """First time the rate over the trailing ``window_s`` reached ``REACH`` x ``reference``.
+
+    Args:
+        times: arrival time of each batch (seconds from the start, increasing).
+        samples: cumulative samples at each arrival.
+        reference: samples/s to reach.
+        window_s: trailing window length (before ``window_s`` has passed, the window
+            reaches back before the start, where nothing arrived).
+    """
+    goal = REACH * reference
+    for i, t in enumerate(times):
+        j = bisect.bisect_right(times, t - window_s)  # first arrival inside (t - window, t]
+        before = samples[j - 1] if j > 0 else 0
+        if (samples[i] - before) / window_s >= goal:
+            return t
+    return None
+
+
+def ramps_planned(workload: Workload, plan: Plan) -> bool:
+    """Whether ``plan`` measures ramps of ``num_workers="auto"`` on ``workload``."""
+    return plan.stoker_auto and plan.ramp_s > 0 and workload.mode == "steady"
+
+
+def measure_ramp(
+    dataset: Any,
+    workload: Workload,
+    start_workers: int,
+    seconds: float,
+    reference: float,
+    multiprocessing_context: str | None = None,
+) -> Ramp:
+    """One ramp run (see the module docstring)."""
+    from stoker import loader as loader_module
+
+    saved = loader_module.AUTO_START_WORKERS
+    loader_module.AUTO_START_WORKERS = start_workers
+    try:
+        sampler = (
+            None
+            if isinstance(dataset, tud.IterableDataset)
+            else SeededSampler(len(dataset), _SAMPLES, seed=-2)
+        )
+        loader = loader_module.DataLoader(
+            dataset,
+            batch_size=workload.batch_size,
+            sampler=sampler,
+            num_workers="auto",
+            prefetch_factor="auto",
+            multiprocessing_context=multiprocessing_context,
+        )
+    finally:
+        loader_module.AUTO_START_WORKERS = saved
+    times: list[float] = []
+    counts: list[int] = []
+    total = 0
+    t0 = time.perf_counter()
+    it = iter(loader)
+    try:
+        for batch in it:
+            total += consume(batch)
+            del batch
+            now = time.perf_counter() - t0
+            times.append(now)
+            counts.append(total)
+            if now >= seconds:
+                break
+        stats = loader.stats()
+    finally:
+        del it
+        close_loader(loader)
+        del loader
+        gc.collect()
+    run_s = times[-1] if times else seconds
+    window = max(MIN_WINDOW_S, WINDOW_SHARE * run_s)
+    try:
+        n = len(dataset)
+    except TypeError:
+        n = 0
+    return Ramp(
+        start_workers=start_workers,
+        seconds=run_s,
+        reference_samples_per_s=reference,
+        reach_s=reach_time(times, counts, reference, window),
+        epoch_s=n / reference if n and reference > 0 else None,
+        final_workers=stats.num_workers,
+        backend=stats.backend,
+        decisions=stats.notes,
+    )
