@@ -97,3 +97,62 @@ def test_bounds_are_respected():
     ctrl = Controller(start=100, max_workers=4, min_workers=2)
     assert ctrl.workers == 4
     assert Controller(start=0, max_workers=4, min_workers=2).workers == 2
+
+
+class ContendedPipeline:
+    """Loading that peaks at `best` workers on saturated cores: each worker past it takes CPU
+    from the consumer (the main process), and the delivered rate falls by 5% per worker."""
+
+    def __init__(self, best: int = 2, peak: float = 1000.0, cores: int = 2) -> None:
+        self.best, self.peak, self.cores = best, peak, cores
+
+    def rate(self, workers: int) -> float:
+        if workers <= self.best:
+            return self.peak * workers / self.best
+        return self.peak * (1 - 0.05 * (workers - self.best))
+
+    def interval(self, workers: int, wall: float = 1.0) -> Observation:
+        rate = self.rate(workers)
+        # The consumer always waits a little (receiving is part of its wait) and the cores
+        # are always full.
+        return Observation(
+            wall,
+            0.3 * wall,
+            0.9 * workers * wall,
+            self.cores * wall,
+            workers,
+            self.cores,
+            0.01,
+            0.012,
+            batches=round(rate * wall),
+        )
+
+
+def test_workers_that_lower_the_rate_on_saturated_cores_are_taken_back():
+    pipe = ContendedPipeline(best=2)
+    ctrl = Controller(start=2, max_workers=16)
+    history = []
+    workers = ctrl.workers
+    for _ in range(30):
+        decision = ctrl.observe(pipe.interval(workers))
+        if decision is not None:
+            workers = decision.workers
+        history.append(workers)
+    # It probes one more worker, sees the rate fall, goes back, and stays there.
+    assert 3 in history and history[-1] == 2 and history[-20:] == [2] * 20
+    assert any("lowered the rate" in d.reason for d in ctrl.history)
+
+
+def test_a_plateau_expires_so_that_the_controller_probes_again():
+    from stoker._autotune import PLATEAU_INTERVALS
+
+    pipe = ContendedPipeline(best=2)
+    ctrl = Controller(start=2, max_workers=16)
+    workers = ctrl.workers
+    probes = 0
+    for _ in range(3 * PLATEAU_INTERVALS):
+        decision = ctrl.observe(pipe.interval(workers))
+        if decision is not None:
+            probes += decision.workers > workers
+            workers = decision.workers
+    assert 2 <= probes <= 4 and workers == 2

@@ -34,6 +34,9 @@ WAITING_WORKER_CPU = 0.3
 # one may be added back (damps oscillation).
 CALM_INTERVALS = 3
 COOLDOWN_INTERVALS = 2
+# A count found not to pay is not grown past again for this many intervals (then the
+# controller probes once more: the dataset or the machine may have changed).
+PLATEAU_INTERVALS = 50
 MIN_PREFETCH = 2
 MAX_PREFETCH = 8
 
@@ -110,6 +113,7 @@ class Controller:
         self._cooldown = 0
         self._grew_from: tuple[int, float] | None = None  # (workers, rate) before growing
         self._plateau: int | None = None  # a count past which growth did not pay
+        self._plateau_age = 0
         self.history: list[Decision] = []
 
     def observe(self, obs: Observation) -> Decision | None:
@@ -126,12 +130,22 @@ class Controller:
         self._cooldown = max(0, self._cooldown - 1)
         rate = obs.batches / obs.wall_s
         gained: float | None = None
+        revert: int | None = None
+        if self._plateau is not None:
+            self._plateau_age += 1
+            if self._plateau_age > PLATEAU_INTERVALS:
+                self._plateau = None
         if self._grew_from is not None and self._grew_from[0] < obs.workers:
-            before = self._grew_from[1]
+            grew_from, before = self._grew_from
             gained = (rate - before) / before if before > 0 else None
             self._grew_from = None
             if gained is not None and gained < MIN_GAIN:
-                self._plateau = obs.workers
+                self._plateau, self._plateau_age = obs.workers, 0
+                if gained < -MIN_GAIN and headroom < MIN_HEADROOM:
+                    # The cores are saturated and the added workers slowed loading down
+                    # (they take CPU from the consumer, or from each other): take them back.
+                    revert = max(self.min_workers, grew_from)
+                    self._plateau = revert
         workers, reason = obs.workers, ""
         can_grow = (
             obs.workers < self.max_workers
@@ -139,7 +153,15 @@ class Controller:
             and self._cooldown == 0
             and (self._plateau is None or obs.workers < self._plateau)
         )
-        if wait > STARVED and can_grow:
+        if revert is not None and revert < obs.workers:
+            self._calm = 0
+            self._cooldown = COOLDOWN_INTERVALS
+            workers = revert
+            reason = (
+                f"adding workers lowered the rate ({gained or 0.0:+.0%}) with no CPU free: "
+                f"{obs.workers} -> {workers} workers"
+            )
+        elif wait > STARVED and can_grow:
             self._calm = 0
             if headroom >= MIN_HEADROOM:
                 # How many more workers the free CPU feeds, at this per-worker CPU use; a
