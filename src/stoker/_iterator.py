@@ -119,7 +119,11 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         n = self._num_workers
         budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes(directory) * SHM_BUDGET_FRACTION / n))
         prefix = slot_prefix(os.getpid(), next(_POOL_IDS))
-        threads = max(1, usable_cores() // n)
+        # Intra-op threads per worker: a share of the cores, but one under fork. libgomp is
+        # not fork-safe: a forked child whose parent ran an OpenMP team hangs in its first
+        # parallel region with more than one thread (torch's workers run one thread too).
+        forked = ctx.get_start_method() == "fork"
+        threads = 1 if forked else max(1, usable_cores() // n)
         specs = [
             WorkerSpec(
                 worker_id=i,

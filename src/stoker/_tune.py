@@ -1,9 +1,20 @@
 """``stoker tune``: find a fast loader configuration for one dataset, offline.
 
-Successive halving over backend x workers x prefetch (x pinning on CUDA): every candidate runs
-briefly, the faster half survives and runs twice as long, until one is left or the time budget
-is spent. The winner is compared with torch's DataLoader defaults measured in the same run and
-written to ``stoker.toml``, which ``stoker.DataLoader(..., config="stoker.toml")`` applies.
+The search over backend x workers x prefetch (x pinning on CUDA) is factored, because the
+factors barely interact and a full cross product wastes most of its time on configurations
+one measurement rules out:
+
+1. **backend**: the ``backend="auto"`` probe (about a second, in a forked child) measures
+   whether loading waits or computes and whether threads run it in parallel;
+2. **workers**: successive halving over worker counts (0, that is loading in the main
+   process, to 4 x the usable cores) with that backend: every count runs briefly, the faster
+   half survives and runs twice as long, until one is left or the time budget is spent;
+3. **prefetch** (and pinning): the winning count with each ``prefetch_factor`` (and
+   ``pin_memory`` setting), measured as long as the last round.
+
+A given ``space`` is searched by plain successive halving instead. The winner is compared with
+torch's DataLoader defaults measured in the same run and written to ``stoker.toml``, which
+``stoker.DataLoader(..., config="stoker.toml")`` applies.
 """
 
 from __future__ import annotations
@@ -43,9 +54,13 @@ class Candidate:
     @property
     def label(self) -> str:
         pin = " pin" if self.pin_memory else ""
+        if self.num_workers == 0:
+            return f"main process nw=0{pin}"
         return f"{self.backend} nw={self.num_workers} pf={self.prefetch_factor}{pin}"
 
     def settings(self) -> dict[str, Any]:
+        if self.num_workers == 0:  # no workers: no backend, no prefetch
+            return {"num_workers": 0, "pin_memory": self.pin_memory}
         return {
             "backend": self.backend,
             "num_workers": self.num_workers,
@@ -65,6 +80,7 @@ class TuneResult:
         rounds: per round, ``(seconds per candidate, [(candidate, samples/s), ...])``.
         seconds: wall time the search took.
         config_path: where ``stoker.toml`` was written (None if not written).
+        notes: how the search went (the backend probe's answer and why).
     """
 
     best: Candidate
@@ -73,22 +89,33 @@ class TuneResult:
     rounds: list[tuple[float, list[tuple[Candidate, float]]]] = field(default_factory=list)
     seconds: float = 0.0
     config_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
         return self.best_rate / self.baseline_rate if self.baseline_rate else math.inf
 
 
+PREFETCH = (2, 4)
+
+
+def worker_counts(cores: int) -> list[int]:
+    """Worker counts searched: 1 to 4 x cores, denser at the low end, and the core count."""
+    return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n <= 4 * cores} | {cores})
+
+
+def _pins(device: str | None) -> tuple[bool, ...]:
+    return (False, True) if device is not None and device.startswith("cuda") else (False,)
+
+
 def candidates(cores: int, device: str | None = None) -> list[Candidate]:
-    """The search space: both backends, workers 1..4 x cores, prefetch 2 and 4."""
-    workers = sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n <= 4 * cores} | {cores})
-    pins = (False, True) if device is not None and device.startswith("cuda") else (False,)
+    """The full space: both backends, workers 1..4 x cores, prefetch 2 and 4 (x pinning)."""
     return [
         Candidate(backend, n, pf, pin)
         for backend in ("process", "thread")
-        for n in workers
-        for pf in (2, 4)
-        for pin in pins
+        for n in worker_counts(cores)
+        for pf in PREFETCH
+        for pin in _pins(device)
     ]
 
 
@@ -103,6 +130,10 @@ def _loader(dataset: Any, batch_size: int, cand: Candidate | None, seed: int) ->
     )
     if cand is None:  # torch's defaults
         return tud.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    if cand.num_workers == 0:
+        return DataLoader(
+            dataset, batch_size=batch_size, sampler=sampler, pin_memory=cand.pin_memory
+        )
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -173,11 +204,10 @@ def tune(
     if budget_s <= 0:
         raise ConfigError(f"`budget_s` must be > 0. Found: {budget_s!r}.")
     started = time.perf_counter()
-    alive = list(space if space is not None else candidates(usable_cores(), device))
+    notes: list[str] = []
     rounds: list[tuple[float, list[tuple[Candidate, float]]]] = []
-    run_s = FIRST_ROUND_S
-    scored: list[tuple[Candidate, float]] = []
-    while True:
+
+    def measure_all(alive: list[Candidate], run_s: float) -> list[tuple[Candidate, float]]:
         scored = []
         for cand in alive:
             rate = measure(dataset, batch_size, cand, run_s)
@@ -186,19 +216,54 @@ def tune(
                 report(f"{cand.label}: {rate:,.0f} samples/s ({run_s:.1f} s)")
         scored.sort(key=lambda cr: cr[1], reverse=True)
         rounds.append((run_s, scored))
-        if len(scored) <= 1:
-            break
+        return scored
+
+    def fits(run_s: float, count: int) -> bool:
+        # The next round must fit the budget, keeping time for torch's baseline.
+        return time.perf_counter() - started + run_s * (count + 1) <= budget_s
+
+    if space is None:
+        from torch.utils.data._utils.collate import default_collate
+
+        from stoker._probe import choose_backend_isolated
+
+        backend, why = choose_backend_isolated(
+            dataset, default_collate, batch_size, False, allow_inline=False
+        )
+        notes.append(f"backend={backend}: {why}")
+        if report is not None:
+            report(f"backend probe: {backend} ({why})")
+        space = [Candidate("process", 0, 2)] + [
+            Candidate(backend, n, PREFETCH[0]) for n in worker_counts(usable_cores())
+        ]
+        finals = [
+            (pf, pin)
+            for pf in PREFETCH
+            for pin in _pins(device)
+            if (pf, pin) != (PREFETCH[0], False)
+        ]
+    else:
+        finals = []
+    alive = list(space)
+    run_s = FIRST_ROUND_S
+    scored = measure_all(alive, run_s)
+    while len(scored) > 1:
         alive = [c for c, _ in scored[: max(1, len(scored) // 2)]]
-        run_s *= 2
-        spent = time.perf_counter() - started
-        # Stop when the next round would not fit the budget (keeping time for the baseline).
-        if spent + run_s * (len(alive) + 1) > budget_s:
+        if len(alive) == 1 or not fits(2 * run_s, len(alive)):
             break
+        run_s *= 2
+        scored = measure_all(alive, run_s)
+    if finals and scored[0][0].num_workers > 0 and fits(run_s, len(finals) + 1):
+        top = scored[0][0]
+        variants = [top] + [Candidate(top.backend, top.num_workers, pf, pin) for pf, pin in finals]
+        scored = measure_all(variants, run_s)
     best, best_rate = scored[0]
     baseline = measure(dataset, batch_size, None, run_s)
     if report is not None:
         report(f"torch defaults: {baseline:,.0f} samples/s")
-    result = TuneResult(best, best_rate, baseline, rounds, time.perf_counter() - started)
+    result = TuneResult(
+        best, best_rate, baseline, rounds, time.perf_counter() - started, notes=notes
+    )
     if output is not None:
         result.config_path = write_config(
             output,

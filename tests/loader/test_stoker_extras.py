@@ -441,6 +441,35 @@ def test_workers_cap_threads_and_freeze_gc(workers: int, start: str) -> None:
     assert torch.get_num_threads() == main_threads, "the main process's threads changed"
 
 
+def test_a_single_forked_worker_does_not_hang_in_openmp_after_the_parent_used_it() -> None:
+    """libgomp is not fork-safe: a forked worker given more than one intra-op thread hung in
+    its first parallel torch op once the parent had run an OpenMP team (seen in the bench:
+    ``num_workers="auto"`` starting from 1 worker on 2 cores, LargeDataset's ``clone()``)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import torch, stoker
+        from stoker.bench._synthetic import LargeDataset
+
+        if __name__ == "__main__":
+            torch.set_num_threads(2)
+            x = torch.rand(3, 224, 224 * 64)
+            for _ in range(20):
+                x.clone()  # a parallel region: the parent's OpenMP team now exists
+            loader = stoker.DataLoader(LargeDataset(256), batch_size=8, num_workers=1)
+            print(sum(b.shape[0] for b in loader))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "256"
+
+
 # -- shutdown ----------------------------------------------------------------------------------
 
 

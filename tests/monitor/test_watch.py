@@ -184,13 +184,39 @@ def test_not_iterable() -> None:
         watch(42)  # type: ignore[arg-type]
 
 
-def test_tensorboard_without_package(tmp_path) -> None:
-    from stoker.monitor._sinks import tensorboard_available
+def test_tensorboard_without_package(tmp_path, monkeypatch) -> None:
+    from stoker.monitor import _sinks
 
-    if tensorboard_available():
-        pytest.skip("tensorboard is installed")
+    monkeypatch.setattr(_sinks, "tensorboard_available", lambda: False)
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         watch([1], tensorboard=tmp_path)
+
+
+def test_tensorboard_scalars_are_the_health_reports(tmp_path) -> None:
+    """Real event files, read back with TensorBoard's own reader, hold every interval's
+    scalars; each pass writes its own file and closes its writer."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    w = watch(
+        [torch.zeros(4, 2) for _ in range(30)], every=10, progress=False, tensorboard=tmp_path
+    )
+    for _ in range(2):  # two passes
+        for _ in w:
+            time.sleep(0.001)
+    files = sorted(tmp_path.glob("events.out.tfevents.*"))
+    assert len(files) == 2
+    got: dict[str, list[tuple[int, float]]] = {}
+    for f in files:
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            got.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    assert {"stoker/data_wait_fraction", "stoker/samples_per_s", "stoker/stalls"} <= set(got)
+    want = sorted((r.step, r.wait_fraction) for r in w.reports)
+    have = sorted(got["stoker/data_wait_fraction"])
+    assert len(want) == 6 and [s for s, _ in have] == [s for s, _ in want]
+    assert [v for _, v in have] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-7)
 
 
 def test_real_time_with_sleeps() -> None:

@@ -1,4 +1,5 @@
-"""stoker tune: successive halving, the stoker.toml it writes, and its command line."""
+"""stoker tune: the factored search (probe, halving over workers, prefetch), plain successive
+halving over a given space, the stoker.toml it writes, and its command line."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ def test_halving_keeps_the_faster_half_and_writes_the_winner(tmp_path):
     out = tmp_path / "stoker.toml"
     result = tune(Squares(), 32, budget_s=30, output=out, space=space)
     first_round = result.rounds[0][1]
-    assert len(first_round) == 3 and len(result.rounds[1][1]) == 1
-    survivors = [c for c, _ in first_round[:1]]
-    assert result.best in survivors
+    # 3 candidates -> 1 survivor: the search ends without re-measuring a lone survivor.
+    assert len(result.rounds) == 1 and len(first_round) == 3
+    assert result.best == first_round[0][0] and result.best_rate == first_round[0][1]
     assert result.baseline_rate > 0 and result.best_rate > 0
     settings = load_config(out)
     assert settings["backend"] == result.best.backend
@@ -46,6 +47,31 @@ def test_halving_keeps_the_faster_half_and_writes_the_winner(tmp_path):
     assert "torch's DataLoader defaults" in out.read_text()
     loader = stoker.DataLoader(Squares(), batch_size=32, config=out)
     assert loader.num_workers == result.best.num_workers
+
+
+def test_default_search_probes_the_backend_then_halves_worker_counts_then_prefetch():
+    result = tune(Squares(), 32, budget_s=60, output=None)
+    assert result.notes and result.notes[0].startswith("backend=")
+    backend = result.notes[0].split(":")[0].removeprefix("backend=")
+    first = [c for c, _ in result.rounds[0][1]]
+    assert sorted(c.num_workers for c in first) == [0, 1, 2, 3, 4, 6, 8]
+    assert {c.backend for c in first if c.num_workers} == {backend}
+    assert {c.prefetch_factor for c in first} == {2}
+    last = [c for c, _ in result.rounds[-1][1]]
+    if len(last) == 2:  # the prefetch round: the winning count with each prefetch_factor
+        assert {c.prefetch_factor for c in last} == {2, 4}
+        assert len({(c.backend, c.num_workers) for c in last}) == 1
+    assert result.best in last
+
+
+def test_loading_in_the_main_process_is_a_candidate_and_configures_cleanly(tmp_path):
+    cand = Candidate("process", 0, 2)
+    assert cand.label == "main process nw=0"
+    assert cand.settings() == {"num_workers": 0, "pin_memory": False}
+    result = tune(Squares(), 32, budget_s=30, output=tmp_path / "s.toml", space=[cand])
+    assert result.best == cand and result.best_rate > 0
+    loader = stoker.DataLoader(Squares(), batch_size=32, config=tmp_path / "s.toml")
+    assert loader.num_workers == 0 and len(list(loader)) == 16
 
 
 def test_budget_stops_the_search_early(tmp_path):

@@ -138,14 +138,19 @@ class TensorBoardSink:
         ConfigError: when ``tensorboard`` is not installed.
     """
 
+    @staticmethod
+    def check(log_dir: str | os.PathLike[str]) -> None:
+        """Raise :class:`ConfigError` now if ``tensorboard`` is not installed."""
+        if not tensorboard_available():
+            raise ConfigError(
+                f"`tensorboard` was set to {os.fspath(log_dir)!r} but the `tensorboard` "
+                "package is not installed: `pip install tensorboard` (or `stoker[monitor]`), "
+                "or leave `tensorboard=None` and use `log=` (jsonl) instead."
+            )
+
     def __init__(self, log_dir: str | os.PathLike[str], *, writer: Any = None) -> None:
         if writer is None:
-            if not tensorboard_available():
-                raise ConfigError(
-                    f"`tensorboard` was set to {os.fspath(log_dir)!r} but the `tensorboard` "
-                    "package is not installed: `pip install tensorboard`, or leave "
-                    "`tensorboard=None` and use `log=` (jsonl) instead."
-                )
+            self.check(log_dir)
             from torch.utils.tensorboard import SummaryWriter
 
             writer = SummaryWriter(log_dir=os.fspath(log_dir))

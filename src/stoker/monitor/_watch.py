@@ -81,7 +81,9 @@ class Watch(Generic[T]):
         self._size = size or batch_size
         self._clock = clock
         self._file = file
-        self._tb = TensorBoardSink(tensorboard) if tensorboard is not None else None
+        self._tensorboard = tensorboard
+        if tensorboard is not None:  # fail now, before training starts, without the package
+            TensorBoardSink.check(tensorboard)
         self._probe = LoaderProbe(source)
         self._meter = StepMeter()
         self._cores = usable_cores()
@@ -155,7 +157,9 @@ class Watch(Generic[T]):
         assert self._log is not None
         return JsonlSink(self._log, header)
 
-    def _interval(self, now: float, sink: JsonlSink | None) -> HealthReport:
+    def _interval(
+        self, now: float, sink: JsonlSink | None, tb: TensorBoardSink | None = None
+    ) -> HealthReport:
         m = self._meter
         iv, stalls = m.take_interval(now)
         wall = now - iv.start_time
@@ -198,8 +202,8 @@ class Watch(Generic[T]):
         self.reports.append(report)
         if sink is not None:
             sink.interval(report)
-        if self._tb is not None:
-            self._tb.interval(report)
+        if tb is not None:
+            tb.interval(report)
         return report
 
     def _run(self) -> Iterator[T]:
@@ -210,6 +214,8 @@ class Watch(Generic[T]):
             self._progress, operator.length_hint(self.source, 0) or None, self._file
         )
         sink = self._open_log() if self._log is not None else None
+        # One writer (one event file) per pass, closed with it: no writer thread outlives it.
+        tb = TensorBoardSink(self._tensorboard) if self._tensorboard is not None else None
         start = clock()
         if self._t0 is None:
             self._t0 = start
@@ -251,7 +257,7 @@ class Watch(Generic[T]):
                     if event is not None:
                         sink.stall(event)
                 if meter.interval.steps >= every:
-                    display.health(self._interval(t_done, sink))
+                    display.health(self._interval(t_done, sink, tb))
                 if t_done >= next_refresh:
                     wait_frac, rate = meter.recent_rates()
                     n = len(meter.recent_wait)
@@ -273,7 +279,7 @@ class Watch(Generic[T]):
                         if event is not None:
                             sink.stall(event)
                 if meter.interval.steps:
-                    self._interval(now, sink)
+                    self._interval(now, sink, tb)
                 self._active_s += now - start
                 self._own_s += own
                 summary = self.summary()
@@ -283,6 +289,8 @@ class Watch(Generic[T]):
                 finally:
                     if sink is not None:
                         sink.close()
+                    if tb is not None:
+                        tb.close()
                     display.close(summary)
 
 

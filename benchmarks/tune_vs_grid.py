@@ -1,0 +1,39 @@
+"""``stoker tune`` against an exhaustive grid over the same space, on bench workloads.
+
+The grid measures every configuration of :func:`stoker._tune.candidates` (both backends x
+worker counts x prefetch) and loading in the main process, each with the same
+:func:`stoker._tune.measure` and for as long as tune measured its finalists (the precision at
+which tune picked its winner). Printed per workload: tune's wall time over the grid's, and
+the grid's rate for tune's winner over the grid's best.
+
+Run: ``python benchmarks/tune_vs_grid.py [workload ...]`` (default: heavytail io jpeg)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from stoker._platform import usable_cores
+from stoker._tune import Candidate, candidates, measure, tune
+from stoker.bench._workloads import get_workload
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or ["heavytail", "io", "jpeg"]:
+        w = get_workload(name)
+        ds = w.make_dataset(False)
+        result = tune(ds, w.batch_size, output=None, budget_s=120)
+        final_s = result.rounds[-1][0]
+        space = [Candidate("process", 0, 2), *candidates(usable_cores())]
+        t0 = time.perf_counter()
+        grid = {cand: measure(ds, w.batch_size, cand, final_s) for cand in space}
+        grid_s = time.perf_counter() - t0
+        best = max(grid, key=grid.__getitem__)
+        print(
+            f"{name}: tune {result.seconds:.1f} s -> {result.best.label}; grid of {len(space)} "
+            f"at {final_s:.1f} s each {grid_s:.1f} s -> {best.label} {grid[best]:,.0f}/s; "
+            f"time ratio {result.seconds / grid_s:.0%}; tune's pick in the grid "
+            f"{grid[result.best]:,.0f}/s = {grid[result.best] / grid[best]:.1%} of the best "
+            f"({result.notes[0][:60] if result.notes else ''})",
+            flush=True,
+        )
