@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 
+# Seconds a loader with workers may wait for one batch before the contender fails.
+BATCH_TIMEOUT_S = 120.0
+
 @dataclass(frozen=True)
 class ContenderSpec:
     """A loader configuration to measure.
@@ -165,8 +168,10 @@ def build_loader(
         ImportError: if an optional library is not installed.
     """
     kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler}
-    if spec.num_workers:
+    if spec.num_workers or spec.auto:
         kwargs["multiprocessing_context"] = multiprocessing_context
+        # A hung worker fails its contender (reported) instead of the whole bench.
+        kwargs["timeout"] = BATCH_TIMEOUT_S
     if spec.library == "torch":
         return tud.DataLoader(
             dataset,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from stoker.bench._contenders import close_loader
+from stoker.bench._contenders import BATCH_TIMEOUT_S, close_loader
 from stoker.bench._plan import Plan, SeededSampler
 from stoker.bench._result import Ramp
 from stoker.bench._workloads import Workload, consume
@@ -86,6 +86,7 @@ def measure_ramp(
             num_workers="auto",
             prefetch_factor="auto",
             multiprocessing_context=multiprocessing_context,
+            timeout=BATCH_TIMEOUT_S,
         )
     finally:
         loader_module.AUTO_START_WORKERS = saved
