@@ -37,7 +37,13 @@ from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import Failure
-from stoker.transport import SlotMap, decode, reclaim_stale_segments, slot_prefix
+from stoker.transport import (
+    SlotMap,
+    decode,
+    reclaim_stale_segments,
+    slot_prefix,
+    unlink_owned,
+)
 from stoker.workers import WorkerPool
 from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
@@ -401,12 +407,17 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         if kind == "R":  # a worker retired on request (num_workers="auto")
             pool = self._pool
             if pool is not None:
+                if self._backend == "process":
+                    self._drop_slots_of(pool, wid)
                 pool.retired_worker(wid)
             if self._scaler is not None:
                 self._scaler.retired()
             return
         if kind == "D":
             self._slots.forget(msg[6])
+            if msg[5] is not None and epoch == self._epoch:
+                # Map the slot now: its worker may leave (and its file go) before delivery.
+                msg = (*msg, self._slots.open(msg[5]))
             self._worker_batches[wid] += 1
             self._worker_busy[wid] += msg[4]
             if self._scaler is not None:
@@ -438,6 +449,17 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
             self._record_failures(msg[9], wid)
         self._book.complete(idx, (msg, self._book.request(idx)))
 
+    def _drop_slots_of(self, pool: Any, worker_id: int) -> None:
+        """A retired worker left the slots it had handed over: every one of its headers came
+        before its goodbye and is mapped, so the files can go (the memory goes with the last
+        view)."""
+        pid = worker_pid(pool.processes[worker_id])
+        if pid is None:
+            return
+        prefix = f"{pool.prefix}w{worker_id}-{pid}-"
+        unlink_owned(prefix, pool.shm_dir)
+        self._slots.forget_prefix(prefix)
+
     def _record_failures(self, failures: list[tuple[Any, ...]], worker_id: int) -> None:
         for index, exc_type, message, replacement in failures:
             self._failures.append(
@@ -467,7 +489,10 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         if self._failures and isinstance(self._policy.max_failures, float):
             # A fractional limit can be exceeded by early failures alone: check as samples come.
             self._policy.check(self._failures, self._samples + self._failed_samples)
-        batch = payload if self._backend == "thread" else decode(payload, slot, self._slots)
+        if self._backend == "thread":
+            batch = payload
+        else:
+            batch = decode(payload, slot, self._slots, msg[11] if len(msg) > 11 else None)
         if self._pin_memory:
             batch = _pin_memory(batch, self._pin_memory_device)
         return batch

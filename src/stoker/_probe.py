@@ -137,16 +137,20 @@ def choose_backend(
     cpus: list[float] = []
     collate_s = 0.0
     batch: list[Any] = []
+    # Process CPU time: it includes the intra-op threads a sample's torch ops may use (in
+    # the forked child nothing else runs).
     t0 = time.perf_counter()
     half: tuple[int, int | None] | None = None  # (samples, shared bytes) halfway
     while len(walls) < len(order) and (
-        time.perf_counter() - t0 < budget_s / 3 or len(walls) < min(size, 8)
+        time.perf_counter() - t0 < budget_s / 3
+        # a few samples at least, unless they are so slow that the deadline nears
+        or (len(walls) < min(size, 8) and time.perf_counter() - t0 < PROBE_DEADLINE_S / 4)
     ):
         if half is None and time.perf_counter() - t0 >= budget_s / 6:
             half = (len(walls), shared_dirty_bytes() if forked else None)
-        w0, c0 = time.perf_counter(), time.thread_time()
+        w0, c0 = time.perf_counter(), time.process_time()
         batch.append(dataset[order[len(walls)]])
-        cpus.append(time.thread_time() - c0)
+        cpus.append(time.process_time() - c0)
         walls.append(time.perf_counter() - w0)
         if len(batch) == size:
             c1 = time.perf_counter()

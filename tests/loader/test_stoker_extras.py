@@ -595,3 +595,28 @@ def test_interpreter_exit_without_cleanup_is_clean(start: str, mode: str) -> Non
         assert strays == set(), f"shared memory left in {SHM_DIR}"
     finally:
         shutil.rmtree(private_shm, ignore_errors=True)
+
+
+# -- workers leaving on request (num_workers="auto") -------------------------------------------
+
+
+def test_a_worker_retiring_with_batches_in_flight_loses_none_and_leaks_nothing() -> None:
+    """A worker asked to leave right after handing batches over, before the main process read
+    their headers, used to unlink their slots on its way out: delivery then failed with
+    FileNotFoundError (seen with num_workers="auto" taking back a worker)."""
+    import time
+
+    import stoker
+
+    data = torch.arange(64 * 1024, dtype=torch.float32).reshape(64, 1024)
+    loader = stoker.DataLoader(data, batch_size=4, num_workers=2, prefetch_factor=4)
+    it = iter(loader)
+    got = [next(it)]
+    pool = it._pool
+    pool.retire()  # white-box: what the auto controller does
+    time.sleep(0.5)  # the idle worker sends its batches, takes the request and exits unread
+    got += list(it)
+    assert torch.equal(torch.cat(got), data)
+    assert len(pool.retired) == 1
+    del it, got
+    gc.collect()

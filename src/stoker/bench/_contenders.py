@@ -34,6 +34,7 @@ __all__ = [
 # Seconds a loader with workers may wait for one batch before the contender fails.
 BATCH_TIMEOUT_S = 120.0
 
+
 @dataclass(frozen=True)
 class ContenderSpec:
     """A loader configuration to measure.

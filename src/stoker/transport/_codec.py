@@ -165,11 +165,15 @@ class _ViewUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id kind {kind!r}")
 
 
-def decode(payload: bytes, slot: str | None, slots: SlotMap) -> Any:
-    """Rebuild a batch; its tensors view the slot, which is freed when the last view dies."""
+def decode(payload: bytes, slot: str | None, slots: SlotMap, buf: Any = None) -> Any:
+    """Rebuild a batch; its tensors view the slot, which is freed when the last view dies.
+
+    ``buf``: the slot's mapping, if the caller opened it already (``slots.open(slot)``).
+    """
     if slot is None:
         return pickle.loads(payload)
-    buf: Any = slots.open(slot)
+    if buf is None:
+        buf = slots.open(slot)
     owner = np.frombuffer(buf, dtype=np.uint8)
     finalizer = weakref.finalize(owner, release, buf)
     finalizer.atexit = False

@@ -205,9 +205,15 @@ class SlotArena:
         return names
 
     def close(self) -> None:
-        """Unlink every slot of this worker (mappings stay valid until unmapped)."""
+        """Unlink this worker's free slots (mappings stay valid until unmapped).
+
+        A slot holding a batch already handed over stays: its header may still be in the
+        pipe, unread, and the main process has to map the file. The main process unlinks
+        those when the worker has left (or with the whole pool at shutdown).
+        """
         for slot in list(self._slots):
-            self._retire(slot)
+            if slot.free:
+                self._retire(slot)
         self.retired.clear()
 
 
@@ -257,6 +263,11 @@ class SlotMap:
         """Drop mappings of slots their worker retired (memory goes once no view uses it)."""
         for name in names:
             self._maps.pop(name, None)
+
+    def forget_prefix(self, prefix: str) -> None:
+        """Drop the mappings of every slot whose name starts with ``prefix`` (a worker's)."""
+        for name in [n for n in self._maps if n.startswith(prefix)]:
+            del self._maps[name]
 
     def release(self, name: str) -> None:
         """Mark slot ``name`` FREE without delivering its batch (stale or abandoned)."""
