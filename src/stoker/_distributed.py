@@ -59,10 +59,13 @@ def rank_sampler_for(
             "`distributed` False, or pass `batch_size` instead of `batch_sampler`."
         )
     if isinstance(dataset, tud.IterableDataset):
+        if getattr(dataset, "splits_by_rank", False) is True:
+            return sampler, shuffle  # e.g. ShardStream: it takes its rank's share itself
         raise ConfigError(
             f"`distributed=True` splits map-style datasets by index; "
             f"{type(dataset).__name__} is an IterableDataset, which must split its stream by "
-            "rank itself (see `stoker.World.current()`). Use a map-style dataset or leave "
+            "rank itself (see `stoker.World.current()`, or `ShardDataset.stream()`, which does). "
+            "Use a map-style dataset or leave "
             "`distributed` False."
         )
     if not isinstance(dataset, Sized):

@@ -9,6 +9,8 @@ Modes:
     resume   load ``--ckpt`` and finish that epoch; then ``--steps`` batches of the next one
              and save a checkpoint again (if ``--steps`` > 0).
     mismatch each rank builds a dataset of a different length; the loader must raise.
+    stream   two epochs of ``ShardDataset(--shards).stream()`` through ``distributed=True``
+             (each sample's id is its key).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class Indices(tud.Dataset[int]):
         return i
 
 
+def key_id(sample: dict[str, Any]) -> int:
+    """A shard sample's key is its id."""
+    return int(sample["__key__"])
+
+
 def _flat(batches: list[Any]) -> list[int]:
     return [int(x) for b in batches for x in b]
 
@@ -60,12 +67,13 @@ def _epoch(loader: DataLoader, steps: int | None = None) -> list[list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "resume", "mismatch"])
+    parser.add_argument("mode", choices=["train", "resume", "mismatch", "stream"])
     parser.add_argument("out", type=Path)
     parser.add_argument("--samples", type=int, default=23)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--ckpt", type=Path)
+    parser.add_argument("--shards", type=Path)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -77,6 +85,19 @@ def main() -> None:
                 next(iter(loader))
             except ConfigError as exc:
                 report["error"] = str(exc)
+            return
+        if args.mode == "stream":
+            from stoker.shards import ShardDataset
+
+            shards = ShardDataset(args.shards, transform=key_id)
+            stream = DataLoader(
+                shards.stream(buffer_size=4, seed=5),
+                batch_size=BATCH,
+                num_workers=args.workers,
+                distributed=True,
+            )
+            report["len"] = len(stream)
+            report["epochs"] = [_epoch(stream), _epoch(stream)]
             return
         loader = DataLoader(
             Indices(args.samples),

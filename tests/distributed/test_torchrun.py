@@ -7,11 +7,13 @@ resume at 1 rank and checkpoint mid-epoch -> resume at 2 ranks.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,47 @@ def test_elastic_resume_1_to_2(
     assert set(counts) == set(range(N))
     # 14 samples left over 2 ranks: equal shares without padding, so nothing repeated.
     assert max(counts.values()) == 1
+
+
+SHARD_SIZES = (7, 3, 9, 1, 5)  # 25 samples: two ranks need one padded sample
+
+
+def _write_shards(directory: Path) -> None:
+    from stoker.shards import build_index
+
+    directory.mkdir()
+    key = 0
+    for number, size in enumerate(SHARD_SIZES):
+        with tarfile.open(
+            directory / f"part-{number:02d}.tar", "w", format=tarfile.USTAR_FORMAT
+        ) as tar:
+            for _ in range(size):
+                data = str(key).encode()
+                member = tarfile.TarInfo(f"{key:05d}.cls")
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+                key += 1
+    build_index(directory)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shard_stream_splits_by_rank_with_equal_steps(tmp_path: Path, workers: int) -> None:
+    _write_shards(tmp_path / "shards")
+    reports = launch(
+        2, tmp_path / "out", "stream", f"--shards={tmp_path / 'shards'}", f"--workers={workers}"
+    )
+    total = sum(SHARD_SIZES)
+    epochs = []
+    for epoch in range(2):
+        per_rank = [_samples(r["epochs"][epoch]) for r in reports]
+        steps = [len(r["epochs"][epoch]) for r in reports]
+        assert steps[0] == steps[1] == reports[0]["len"] == reports[1]["len"], steps
+        assert len(per_rank[0]) == len(per_rank[1]) == 13
+        counts = Counter(per_rank[0] + per_rank[1])
+        assert set(counts) == set(range(total))  # every sample, on one rank or the other
+        assert sorted(counts.values()) == [1] * (total - 1) + [2]  # one padded sample
+        epochs.append(per_rank)
+    assert epochs[0] != epochs[1]  # a new shard order each epoch
 
 
 def test_fingerprint_mismatch_names_ranks_and_values(tmp_path: Path) -> None:

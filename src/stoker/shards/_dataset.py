@@ -15,6 +15,7 @@ from stoker.shards._index import ShardIndex, read_index
 from stoker.shards._reader import ShardReader, Verify
 
 if TYPE_CHECKING:
+    from stoker.sampling import World
     from stoker.shards._stream import ShardStream
 
 __all__ = ["ShardDataset"]
@@ -139,7 +140,13 @@ class ShardDataset(tud.Dataset[Any]):
         return out
 
     def stream(
-        self, *, shuffle: bool = True, buffer_size: int = 1000, seed: int = 0
+        self,
+        *,
+        shuffle: bool = True,
+        buffer_size: int = 1000,
+        seed: int = 0,
+        world: World | None = None,
+        pad: bool = True,
     ) -> ShardStream:
         """An iterable view that reads shards sequentially (see :class:`ShardStream`).
 
@@ -147,11 +154,20 @@ class ShardDataset(tud.Dataset[Any]):
             shuffle: shuffle the shard order each epoch and samples through a buffer.
                 Default ``True``.
             buffer_size: samples held by the shuffle buffer. Default 1000.
-            seed: base seed; the order depends on ``(seed, epoch, worker)``. Default 0.
+            seed: base seed, the same on every rank; the order depends on ``(seed, epoch,
+                rank, worker)``. Default 0.
+            world: the ranks to split over. Default ``None``: :meth:`stoker.World.current`
+                when iterating (the process group, else torchrun's environment, else one
+                rank). Pass ``stoker.World()`` to read everything on every rank.
+            pad: in a distributed job, ``True`` (default) repeats up to ``world_size - 1``
+                samples per epoch so every rank gets the same count; ``False`` skips up to
+                ``world_size - 1`` instead.
         """
         from stoker.shards._stream import ShardStream
 
-        return ShardStream(self, shuffle=shuffle, buffer_size=buffer_size, seed=seed)
+        return ShardStream(
+            self, shuffle=shuffle, buffer_size=buffer_size, seed=seed, world=world, pad=pad
+        )
 
     def close(self) -> None:
         """Unmap this process's shards; they are mapped again on the next access."""

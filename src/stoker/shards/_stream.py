@@ -5,27 +5,36 @@ the DataLoader's workers (``torch.utils.data.get_worker_info``), each to the wor
 fewest samples so far, so workers get balanced whole shards. With fewer shards than workers,
 the samples are split into equal contiguous ranges instead. A shuffle buffer mixes samples
 across the shards a worker reads.
+
+In a distributed job (``stoker.World``: the process group, else torchrun's environment) the
+epoch's shard-ordered sample run is first cut into one equal contiguous range per rank (whole
+shards where the counts allow), and each rank's range into equal ranges per worker. Every rank
+then yields the same number of samples, and its workers the same counts as every other rank's,
+so each rank runs the same number of steps: unequal step counts hang DDP at the end of an epoch.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.utils.data as tud
 
 from stoker.errors import ConfigError
+from stoker.sampling import World
 
 if TYPE_CHECKING:
     from stoker.shards._dataset import ShardDataset
 
-__all__ = ["ShardStream", "assign_spans"]
+__all__ = ["ShardStream", "assign_spans", "rank_span", "split_even"]
+
+Span = tuple[int, int, int]  # (shard, start, stop): local sample indices of one shard
 
 
-def assign_spans(
-    sizes: list[int], order: list[int], workers: int
-) -> list[list[tuple[int, int, int]]]:
+def assign_spans(sizes: list[int], order: list[int], workers: int) -> list[list[Span]]:
     """Deal shards, in ``order``, to ``workers`` as ``(shard, start, stop)`` spans.
 
     Args:
@@ -36,7 +45,7 @@ def assign_spans(
     Returns:
         Per worker, its spans of local sample indices; together they cover every sample once.
     """
-    spans: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
+    spans: list[list[Span]] = [[] for _ in range(workers)]
     if len(order) >= workers:
         load = [0] * workers
         for shard in order:
@@ -45,68 +54,149 @@ def assign_spans(
             load[w] += sizes[shard]
         return spans
     # Fewer shards than workers: cut the concatenation into equal contiguous ranges.
-    total = sum(sizes[s] for s in order)
-    bounds = [total * w // workers for w in range(workers + 1)]
+    return split_even([(s, 0, sizes[s]) for s in order], workers)
+
+
+def split_even(spans: list[Span], parts: int) -> list[list[Span]]:
+    """Cut the concatenation of ``spans`` into ``parts`` contiguous ranges whose sizes differ
+    by at most one (earlier parts are never larger), as lists of spans."""
+    out: list[list[Span]] = [[] for _ in range(parts)]
+    total = sum(b - a for _, a, b in spans)
+    bounds = [total * k // parts for k in range(parts + 1)]
     pos = 0
-    for shard in order:
-        lo, hi = pos, pos + sizes[shard]
-        for w in range(workers):
-            a, b = max(lo, bounds[w]), min(hi, bounds[w + 1])
+    for shard, start, stop in spans:
+        lo, hi = pos, pos + stop - start
+        for k in range(parts):
+            a, b = max(lo, bounds[k]), min(hi, bounds[k + 1])
             if a < b:
-                spans[w].append((shard, a - lo, b - lo))
+                out[k].append((shard, start + a - lo, start + b - lo))
         pos = hi
-    return spans
+    return out
+
+
+def rank_span(sizes: list[int], order: list[int], world: World, *, pad: bool) -> list[Span]:
+    """This rank's contiguous range of the epoch's run of samples (shards in ``order``).
+
+    Every rank gets ``ceil(total / world_size)`` samples with ``pad`` (the range wraps to the
+    start of the run, so at most ``world_size - 1`` samples are read twice per epoch) or
+    ``total // world_size`` without it (the last ``total % world_size`` are skipped; with a
+    shuffled shard order, different ones each epoch).
+    """
+    run = [(s, 0, sizes[s]) for s in order if sizes[s] > 0]
+    offsets = list(accumulate((sizes[s] for s, _, _ in run), initial=0))
+    total = offsets[-1]
+    count = -(-total // world.world_size) if pad else total // world.world_size
+    out: list[Span] = []
+    pos = world.rank * count
+    end = pos + count
+    while pos < end:  # positions past the run's end wrap to its start (pad)
+        at = pos % total
+        i = bisect_right(offsets, at) - 1
+        shard, _, stop = run[i]
+        first = at - offsets[i]
+        take = min(stop - first, end - pos)
+        out.append((shard, first, first + take))
+        pos += take
+    return out
 
 
 class ShardStream(tud.IterableDataset[Any]):
     """Sequential, shard-shuffled iteration over a :class:`ShardDataset`.
 
     Create it with :meth:`ShardDataset.stream`. Every sample is yielded exactly once per epoch
-    across the workers. Call :meth:`set_epoch` (``stoker.DataLoader`` does, in every worker) for
-    a new order each epoch; without it, each ``iter()`` in the same process advances the epoch.
+    across the workers (and the ranks: see the module docstring for ``pad``). Call
+    :meth:`set_epoch` (``stoker.DataLoader`` does, in every worker) for a new order each epoch;
+    without it, each ``iter()`` in the same process advances the epoch.
 
     Raises:
-        ConfigError: if ``buffer_size`` is not an int >= 1.
+        ConfigError: if ``buffer_size`` is not an int >= 1, ``world`` not a
+            :class:`stoker.World` or ``pad`` not a bool.
     """
 
+    #: Takes its rank's share itself, so ``stoker.DataLoader(..., distributed=True)`` accepts it.
+    splits_by_rank = True
+
     def __init__(
-        self, dataset: ShardDataset, *, shuffle: bool, buffer_size: int, seed: int
+        self,
+        dataset: ShardDataset,
+        *,
+        shuffle: bool,
+        buffer_size: int,
+        seed: int,
+        world: World | None = None,
+        pad: bool = True,
     ) -> None:
         if not isinstance(buffer_size, int) or buffer_size < 1:
             raise ConfigError(f"`buffer_size` must be an int >= 1. Found: {buffer_size!r}.")
+        if world is not None and not isinstance(world, World):
+            raise ConfigError(
+                f"`world` must be a stoker.World or None (this process's). Found: {world!r}."
+            )
+        if not isinstance(pad, bool):
+            raise ConfigError(f"`pad` must be True or False. Found: {pad!r}.")
         self.dataset = dataset
         self.shuffle = shuffle
         self.buffer_size = buffer_size
         self.seed = seed
+        self.world = world
+        self.pad = pad
         self._epoch: int | None = None
         self._iterations = 0
+        self._sent_world: World | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled in the main process for spawn workers, which may not see its process group
+        # (an `init_process_group` with explicit rank and size leaves no environment behind).
+        state = dict(self.__dict__)
+        state["_sent_world"] = self.world or World.current()
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch that seeds the next iteration's order."""
         self._epoch = epoch
 
-    def __len__(self) -> int:
-        return len(self.dataset)
+    def current_world(self) -> World:
+        """The ranks this stream splits over: ``world`` if given, else this process's."""
+        if self.world is not None:
+            return self.world
+        here = World.current()
+        if self._sent_world is not None and not here.distributed:
+            return self._sent_world  # a spawn worker of a process that had a process group
+        return here
 
-    def _spans(self, epoch: int, worker: int, workers: int) -> list[tuple[int, int, int]]:
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch."""
+        total, size = len(self.dataset), self.current_world().world_size
+        return -(-total // size) if self.pad else total // size
+
+    def _spans(self, epoch: int, worker: int, workers: int, world: World) -> list[Span]:
         sizes = list(self.dataset.shard_sizes)
         order = list(range(len(sizes)))
         if self.shuffle:
             order = [
                 int(i) for i in np.random.default_rng([self.seed, epoch]).permutation(len(sizes))
             ]
-        return assign_spans(sizes, order, workers)[worker]
+        if not world.distributed:
+            return assign_spans(sizes, order, workers)[worker]
+        # Equal contiguous ranges per worker: the same counts on every rank, so the same steps.
+        return split_even(rank_span(sizes, order, world, pad=self.pad), workers)[worker]
 
     def __iter__(self) -> Iterator[Any]:
         info = tud.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self._epoch if self._epoch is not None else self._iterations
         self._iterations += 1
-        raw = self._raw(self._spans(epoch, worker, workers))
+        world = self.current_world()
+        raw = self._raw(self._spans(epoch, worker, workers, world))
         if not self.shuffle:
             yield from (self.dataset.finish(s) for s in raw)
             return
-        rng = np.random.default_rng([self.seed, epoch, worker])
+        key = (
+            [self.seed, epoch, worker]
+            if not world.distributed
+            else [self.seed, epoch, world.rank, worker]
+        )
+        rng = np.random.default_rng(key)
         buffer: list[dict[str, Any]] = []
         for sample in raw:
             if len(buffer) < self.buffer_size:
@@ -118,7 +208,7 @@ class ShardStream(tud.IterableDataset[Any]):
         rng.shuffle(buffer)
         yield from (self.dataset.finish(s) for s in buffer)
 
-    def _raw(self, spans: list[tuple[int, int, int]]) -> Iterator[dict[str, Any]]:
+    def _raw(self, spans: list[Span]) -> Iterator[dict[str, Any]]:
         for shard, start, stop in spans:
             first = self.dataset.shard_range(shard).start
             for local in range(start, stop):
