@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from stoker._autotune import CALM_INTERVALS, MAX_PREFETCH, Controller, Observation
+import itertools
+
+from stoker._autotune import (
+    CALM_INTERVALS,
+    EVAL_BATCHES,
+    MAX_PREFETCH,
+    PREFETCH_CALM_INTERVALS,
+    Controller,
+    Observation,
+)
 
 
 class SimulatedPipeline:
@@ -83,14 +92,28 @@ def test_memory_budget_stops_growth():
     assert ctrl.observe(tight) is None
 
 
-def test_prefetch_follows_latency_spread():
+def test_prefetch_follows_latency_spread_up_at_once_and_down_when_it_lasts():
     ctrl = Controller(start=2, max_workers=2)
     obs = Observation(1.0, 0.0, 1.0, 1.0, 2, 2, latency_p50_s=0.01, latency_p95_s=0.2)
     decision = ctrl.observe(obs)
     assert decision is not None and decision.prefetch == MAX_PREFETCH
     calm = Observation(1.0, 0.0, 1.0, 1.0, 2, 2, latency_p50_s=0.01, latency_p95_s=0.011)
+    for _ in range(PREFETCH_CALM_INTERVALS - 1):
+        assert ctrl.observe(calm) is None
     decision = ctrl.observe(calm)
     assert decision is not None and decision.prefetch == 2
+
+
+def test_a_spread_hovering_at_a_boundary_does_not_flip_the_prefetch_depth():
+    ctrl = Controller(start=2, max_workers=2)
+    changes = []
+    for i in range(100):  # p95/p50 alternates 7.2 and 6.8: wants 8, then 7, then 8...
+        p95 = 0.072 if i % 2 == 0 else 0.068
+        obs = Observation(1.0, 0.0, 1.0, 1.0, 2, 2, latency_p50_s=0.01, latency_p95_s=p95)
+        decision = ctrl.observe(obs)
+        if decision is not None:
+            changes.append(decision.prefetch)
+    assert changes == [8]
 
 
 def test_bounds_are_respected():
@@ -156,3 +179,83 @@ def test_a_plateau_expires_so_that_the_controller_probes_again():
             probes += decision.workers > workers
             workers = decision.workers
     assert 2 <= probes <= 4 and workers == 2
+
+
+class OversubscribedPipeline:
+    """CPU-bound loading on saturated cores: `best` workers deliver the most; each worker past
+    it costs `loss` of the rate (context switches, cache thrash, CPU taken from the consumer);
+    each worker short of it loses its share. The consumer waits a little whatever the count.
+    `batches_per_s` scales the batches an interval counts (slow batches: few per interval)."""
+
+    def __init__(self, best: int = 2, cores: int = 2, loss: float = 0.03, peak: float = 20.0):
+        self.best, self.cores, self.loss, self.peak = best, cores, loss, peak
+
+    def rate(self, workers: int) -> float:
+        if workers <= self.best:
+            return self.peak * workers / self.best
+        return self.peak * max(0.2, 1 - self.loss * (workers - self.best))
+
+    def interval(self, workers: int, wall: float = 0.2) -> Observation:
+        rate = self.rate(workers)
+        return Observation(
+            wall,
+            0.1 * wall,
+            1.0 * workers * wall,  # every worker busy: runnable, taking turns on the cores
+            self.cores * wall,
+            workers,
+            self.cores,
+            0.05,
+            0.06,
+            batches=round(rate * wall),
+            idle_cores=0.0,
+        )
+
+
+def _drive(ctrl: Controller, pipe, intervals: int) -> list[int]:
+    workers, history = ctrl.workers, []
+    for _ in range(intervals):
+        decision = ctrl.observe(pipe.interval(workers))
+        if decision is not None:
+            workers = decision.workers
+        history.append(workers)
+    return history
+
+
+def test_an_oversubscribed_pool_is_halved_down_to_the_cores():
+    pipe = OversubscribedPipeline(best=2, cores=2)
+    ctrl = Controller(start=16, max_workers=16)
+    history = _drive(ctrl, pipe, 40)  # fewer than PLATEAU_INTERVALS: no probe back up yet
+    assert history[-1] == 2 and history[-20:] == [2] * 20
+    assert 8 in history and 4 in history  # by halving, each step judged
+    assert any("saturated cores" in d.reason for d in ctrl.history)
+    # Four batches an interval: each trial waited for EVAL_BATCHES before the next change.
+    changes = [i for i, (a, b) in enumerate(itertools.pairwise(history)) if a != b]
+    per_interval = max(round(pipe.rate(n) * 0.2) for n in range(1, 17))
+    assert all(b - a >= EVAL_BATCHES // per_interval for a, b in itertools.pairwise(changes))
+
+
+def test_a_shrink_that_lowers_the_rate_is_taken_back_and_retried_ever_more_rarely():
+    # Waiting workers that saturate the cores: 8 deliver more than 4 (loss < 0: more is better).
+    pipe = OversubscribedPipeline(best=8, cores=2, loss=0.0)
+    ctrl = Controller(start=8, max_workers=8)
+    history = _drive(ctrl, pipe, 1000)
+    shrinks = sum(1 for a, b in itertools.pairwise(history) if b < a)
+    assert history[-1] == 8
+    assert 2 <= shrinks <= 5  # tried again after 25, 50, 100, 200... intervals, not every 25
+    assert all("fewer workers lowered the rate" in d.reason for d in ctrl.history if d.workers == 8)
+    time_at_8 = history.count(8) / len(history)
+    assert time_at_8 > 0.9
+
+
+def test_an_io_bound_pool_with_free_cores_is_not_shrunk():
+    pipe = SimulatedPipeline(cpu_s=0.0005, wait_s=0.005, step_s=0.0002, cores=2)
+    ctrl = Controller(start=16, max_workers=32)
+    history = run(ctrl, pipe, 40)
+    assert history >= 16
+
+
+def test_thread_pools_are_not_halved_for_saturating_the_cores():
+    # Threads that wait on I/O saturate the cores usefully; the loader passes shrink=False.
+    pipe = OversubscribedPipeline(best=2, cores=2)
+    ctrl = Controller(start=16, max_workers=16, shrink=False)
+    assert _drive(ctrl, pipe, 40) == [16] * 40

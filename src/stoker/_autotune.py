@@ -4,8 +4,12 @@ Pure logic: it is fed one :class:`Observation` per interval and answers with the
 and prefetch depth to use next. It adds workers while the consumer waits for data and CPU is
 free (a worker that mostly waits, on storage or a network, costs little CPU, so I/O-bound
 loading grows past the core count), removes one when workers sit idle and the consumer does
-not wait, and sizes the prefetch depth to absorb the spread of batch latencies. Changes never
-alter what is delivered: dispatch is by batch index.
+not wait, halves an oversubscribed pool (more workers than cores on saturated cores, as when
+started from 16 on a small machine), and sizes the prefetch depth to absorb the spread of
+batch latencies. A change of the worker count is a trial: it is judged on the delivered rate
+over at least :data:`EVAL_BATCHES` batches against the rate before it, and taken back when it
+cost more than :data:`MIN_GAIN`. Changes never alter what is delivered: dispatch is by batch
+index.
 """
 
 from __future__ import annotations
@@ -39,6 +43,16 @@ COOLDOWN_INTERVALS = 2
 PLATEAU_INTERVALS = 50
 MIN_PREFETCH = 2
 MAX_PREFETCH = 8
+# The prefetch depth rises at once but falls only after this many intervals in a row wanted
+# it lower (a latency spread hovering at a boundary would flip it every interval).
+PREFETCH_CALM_INTERVALS = 5
+# A trial (a changed worker count) is judged once this many batches arrived under it, or
+# after EVAL_INTERVALS intervals when batches are slow.
+EVAL_BATCHES = 12
+EVAL_INTERVALS = 6
+# Intervals after a change (or the start) left out of the rate at the new count: workers that
+# started together deliver their first batches together, a burst that is not their pace.
+BURST_INTERVALS = 1
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,8 @@ class Controller:
         min_workers: fewest workers (>= 1).
         prefetch: initial prefetch depth per worker.
         tune_prefetch: adapt the prefetch depth (``prefetch_factor="auto"``).
+        shrink: halve a pool with more workers than cores on saturated cores (for CPU-bound
+            loading in processes; threads that wait on I/O saturate the cores usefully).
     """
 
     def __init__(
@@ -103,17 +119,28 @@ class Controller:
         min_workers: int = 1,
         prefetch: int = MIN_PREFETCH,
         tune_prefetch: bool = True,
+        shrink: bool = True,
     ) -> None:
         self.min_workers = max(1, min_workers)
         self.max_workers = max(self.min_workers, max_workers)
         self.workers = min(self.max_workers, max(self.min_workers, start))
         self.prefetch = prefetch
         self.tune_prefetch = tune_prefetch
+        self.shrink = shrink
         self._calm = 0
         self._cooldown = 0
-        self._grew_from: tuple[int, float] | None = None  # (workers, rate) before growing
+        # The trial being judged: (kind "grow"/"shrink", workers before, rate before).
+        self._trial: tuple[str, int, float] | None = None
         self._plateau: int | None = None  # a count past which growth did not pay
         self._plateau_age = 0
+        self._floor: int | None = None  # a count below which shrinking did not pay
+        self._floor_age = 0
+        self._floor_life = PLATEAU_INTERVALS // 2  # doubled by each shrink that fails
+        self._lower_wants: list[int] = []  # prefetch depths wanted below the current one
+        # Batches and seconds observed at the current worker count (its rate).
+        self._here = (0, 0.0, 0)  # batches, wall seconds, intervals
+        self._since_change = 0
+        self._before_rate = 0.0
         self.history: list[Decision] = []
 
     def observe(self, obs: Observation) -> Decision | None:
@@ -128,41 +155,84 @@ class Controller:
             headroom = min(headroom, obs.idle_cores)
         cpu_per_worker = cpu_used / obs.workers
         self._cooldown = max(0, self._cooldown - 1)
-        rate = obs.batches / obs.wall_s
+        self._age_limits()
+        self._since_change += 1
+        if self._since_change > BURST_INTERVALS:
+            batches, wall, intervals = self._here
+            self._here = (batches + obs.batches, wall + obs.wall_s, intervals + 1)
+        elif self._trial is not None:
+            return self._decide(obs, obs.workers, "")
+        rate = self._here[0] / self._here[1] if self._here[1] > 0 else obs.batches / obs.wall_s
+        workers, reason = obs.workers, ""
         gained: float | None = None
-        revert: int | None = None
-        if self._plateau is not None:
-            self._plateau_age += 1
-            if self._plateau_age > PLATEAU_INTERVALS:
-                self._plateau = None
-        if self._grew_from is not None and self._grew_from[0] < obs.workers:
-            grew_from, before = self._grew_from
+        if self._trial is not None:
+            if self._here[0] < EVAL_BATCHES and self._here[2] < EVAL_INTERVALS:
+                return self._decide(obs, workers, reason)  # not enough evidence yet
+            kind, before_workers, before = self._trial
+            self._trial = None
             gained = (rate - before) / before if before > 0 else None
-            self._grew_from = None
-            if gained is not None and gained < MIN_GAIN:
+            if kind == "shrink":
+                if gained is not None and gained < -MIN_GAIN:
+                    # Many workers that mostly wait (I/O) can saturate the cores too; try
+                    # less and less often (the floor's life doubles each time).
+                    self._floor, self._floor_age = before_workers, 0
+                    self._floor_life = min(16 * PLATEAU_INTERVALS, 2 * self._floor_life)
+                    self._cooldown = COOLDOWN_INTERVALS
+                    return self._decide(
+                        obs,
+                        before_workers,
+                        f"fewer workers lowered the rate ({gained:+.0%}): "
+                        f"{obs.workers} -> {before_workers} workers",
+                    )
+                # As fast with fewer: growing back past this count would not pay either.
+                self._plateau, self._plateau_age = obs.workers, 0
+                gained = None
+            elif gained is not None and gained >= MIN_GAIN:
+                # Growth paid: shrinking below this count is not tried for a while.
+                self._floor, self._floor_age = obs.workers, 0
+            elif gained is not None:
                 self._plateau, self._plateau_age = obs.workers, 0
                 if gained < -MIN_GAIN and headroom < MIN_HEADROOM:
                     # The cores are saturated and the added workers slowed loading down
                     # (they take CPU from the consumer, or from each other): take them back.
-                    revert = max(self.min_workers, grew_from)
+                    revert = max(self.min_workers, before_workers)
                     self._plateau = revert
-        workers, reason = obs.workers, ""
+                    self._calm = 0
+                    self._cooldown = COOLDOWN_INTERVALS
+                    return self._decide(
+                        obs,
+                        revert,
+                        f"adding workers lowered the rate ({gained:+.0%}) with no CPU free: "
+                        f"{obs.workers} -> {revert} workers",
+                    )
         can_grow = (
             obs.workers < self.max_workers
             and obs.memory_ok
             and self._cooldown == 0
             and (self._plateau is None or obs.workers < self._plateau)
         )
-        if revert is not None and revert < obs.workers:
+        shrink_to = max(obs.cores, self.min_workers, self._floor or 0, obs.workers // 2)
+        if (
+            self.shrink
+            and headroom < MIN_HEADROOM
+            and self._cooldown == 0
+            and shrink_to < obs.workers
+        ):
+            # More workers than cores on saturated cores: they only take turns (and CPU from
+            # the consumer). Halve them, and judge the rate (waiting workers show up as
+            # free cores instead, so I/O-bound pools are left alone).
             self._calm = 0
+            self._trial = ("shrink", obs.workers, rate)
             self._cooldown = COOLDOWN_INTERVALS
-            workers = revert
+            workers = shrink_to
             reason = (
-                f"adding workers lowered the rate ({gained or 0.0:+.0%}) with no CPU free: "
+                f"{obs.workers} workers on {obs.cores} saturated cores: "
                 f"{obs.workers} -> {workers} workers"
             )
         elif wait > STARVED and can_grow:
             self._calm = 0
+            step = 0
+            why = ""
             if headroom >= MIN_HEADROOM:
                 # How many more workers the free CPU feeds, at this per-worker CPU use; a
                 # worker that mostly waits (I/O) uses little, so this grows past the cores.
@@ -176,12 +246,9 @@ class Controller:
                 waits = cpu_per_worker < WAITING_WORKER_CPU
                 step = obs.workers if waits and gained else 1
                 why = "the last workers added raised the rate" if gained else "probing"
-            else:
-                step = 0
-                why = ""
             if step:
                 workers = min(self.max_workers, obs.workers + step)
-                self._grew_from = (obs.workers, rate)
+                self._trial = ("grow", obs.workers, rate)
                 reason = (
                     f"consumer waited {wait:.0%} of the time ({why}): "
                     f"{obs.workers} -> {workers} workers"
@@ -200,16 +267,46 @@ class Controller:
                 )
         else:
             self._calm = 0
-        prefetch = self.prefetch
-        if self.tune_prefetch and obs.latency_p50_s and obs.latency_p95_s:
-            spread = obs.latency_p95_s / max(obs.latency_p50_s, 1e-6)
-            want = min(MAX_PREFETCH, max(MIN_PREFETCH, math.ceil(spread)))
-            if want != prefetch:
-                prefetch = want
-                note = f"batch latency p95/p50 = {spread:.1f}: prefetch {self.prefetch} -> {want}"
-                reason = f"{reason}; {note}" if reason else note
+        return self._decide(obs, workers, reason)
+
+    def _age_limits(self) -> None:
+        """Forget a plateau or a floor after PLATEAU_INTERVALS: the load may have changed."""
+        if self._plateau is not None:
+            self._plateau_age += 1
+            if self._plateau_age > PLATEAU_INTERVALS:
+                self._plateau = None
+        if self._floor is not None:
+            self._floor_age += 1
+            if self._floor_age > self._floor_life:
+                self._floor = None
+
+    def _prefetch_for(self, obs: Observation) -> tuple[int, str]:
+        """The prefetch depth for the latency spread, with hysteresis on the way down."""
+        if not (self.tune_prefetch and obs.latency_p50_s and obs.latency_p95_s):
+            return self.prefetch, ""
+        spread = obs.latency_p95_s / max(obs.latency_p50_s, 1e-6)
+        want = min(MAX_PREFETCH, max(MIN_PREFETCH, math.ceil(spread)))
+        if want >= self.prefetch:
+            self._lower_wants = []
+            if want == self.prefetch:
+                return self.prefetch, ""
+        else:
+            self._lower_wants.append(want)
+            if len(self._lower_wants) < PREFETCH_CALM_INTERVALS:
+                return self.prefetch, ""
+            want = max(self._lower_wants)  # the deepest still wanted lately
+            self._lower_wants = []
+        return want, f"batch latency p95/p50 = {spread:.1f}: prefetch {self.prefetch} -> {want}"
+
+    def _decide(self, obs: Observation, workers: int, reason: str) -> Decision | None:
+        prefetch, note = self._prefetch_for(obs)
+        if note:
+            reason = f"{reason}; {note}" if reason else note
         if workers == obs.workers and prefetch == self.prefetch:
             return None
+        if workers != obs.workers:
+            self._here = (0, 0.0, 0)  # a new count: its rate is measured afresh
+            self._since_change = 0
         self.workers, self.prefetch = workers, prefetch
         decision = Decision(workers, prefetch, reason)
         self.history.append(decision)

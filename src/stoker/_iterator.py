@@ -159,6 +159,7 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
                 max_workers=capacity,
                 prefetch=self._prefetch,
                 tune_prefetch=loader._auto_prefetch,
+                shrink=self._backend == "process",
             )
             self._scaler = AutoScaler(controller, self._backend)
         if self._backend == "thread":

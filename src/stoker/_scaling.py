@@ -62,6 +62,7 @@ class AutoScaler:
         self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
         self._procs: dict[int, psutil.Process] = {}
         self.retiring = 0  # retire requests not yet answered
+        self._was_retiring = False
 
     def record_latency(self, seconds: float) -> None:
         """A batch took ``seconds`` to load."""
@@ -130,10 +131,12 @@ class AutoScaler:
             latency_p95_s=lat[int(len(lat) * 0.95)] if lat else None,
             memory_ok=psutil.virtual_memory().available > RAM_RESERVE_BYTES,
             batches=max(0, delivered - batches_last),
-            settling=t_last < self._settled,
+            # Start-up, or workers still retiring (their in-flight batches hold up delivery)
+            settling=t_last < self._settled or self.retiring > 0 or self._was_retiring,
             idle_cores=idle_cores,
         )
         self._idle = idle
+        self._was_retiring = self.retiring > 0
         self._last = (now, wait_s, busy_s, cpu, delivered)
         decision = self.controller.observe(obs)
         if decision is None:
@@ -141,7 +144,9 @@ class AutoScaler:
         if decision.workers != obs.workers:
             self._settled = now + CONTROL_INTERVAL_S / 2
         running = self.running(pool)
-        for _ in range(decision.workers - running):
+        # Workers still retiring hold their places: start what fits now; the next interval
+        # sees the count actually running, and the controller decides from that.
+        for _ in range(min(decision.workers - running, pool.room())):
             on_added(pool.add())
         for _ in range(running - decision.workers):
             pool.retire()

@@ -172,6 +172,11 @@ class WorkerPool:
                 conn.close()
         self._start(worker_id)
 
+    def room(self) -> int:
+        """Workers :meth:`add` can start now (retiring workers hold their ids until they exit)."""
+        exited = sum(1 for i in self.retired if self.processes[i].exitcode is not None)
+        return exited + self.capacity - len(self.specs)
+
     def add(self) -> int:
         """Start one more worker (``num_workers="auto"``); returns its id."""
         reusable = [i for i in sorted(self.retired) if self.processes[i].exitcode is not None]

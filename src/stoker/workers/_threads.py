@@ -185,6 +185,11 @@ class ThreadPool:
         thread.start()
         self.processes[worker_id] = thread
 
+    def room(self) -> int:
+        """Workers :meth:`add` can start now (retiring threads hold their ids until they end)."""
+        ended = sum(1 for i in self.retired if not self.processes[i].is_alive())
+        return ended + self.capacity - len(self.specs)
+
     def add(self) -> int:
         """Start one more worker thread; returns its id."""
         reusable = [i for i in sorted(self.retired) if not self.processes[i].is_alive()]
