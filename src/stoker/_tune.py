@@ -37,7 +37,8 @@ __all__ = ["Candidate", "TuneResult", "candidates", "tune"]
 
 # Seconds of the first round per candidate; each later round doubles it.
 FIRST_ROUND_S = 0.6
-# Batches loaded (and not timed) before a candidate's clock starts.
+# Batches loaded (and not timed) before a candidate's clock starts, besides its prefetch depth
+# (workers x prefetch_factor).
 WARMUP_BATCHES = 2
 _ENDLESS = 10**9
 
@@ -152,7 +153,10 @@ def measure(dataset: Any, batch_size: int, cand: Candidate | None, seconds: floa
     loader = _loader(dataset, batch_size, cand, seed=0)
     it = iter(loader)
     try:
-        for _ in range(WARMUP_BATCHES + (cand.num_workers if cand else 0)):
+        # Drain what the workers prefetched while starting: a short timed window that began
+        # with a full buffer would credit a deep prefetch with batches it made beforehand.
+        ahead = cand.num_workers * cand.prefetch_factor if cand else 0
+        for _ in range(WARMUP_BATCHES + ahead):
             consume(next(it))
         samples = 0
         t0 = time.perf_counter()
