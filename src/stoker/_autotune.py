@@ -140,7 +140,6 @@ class Controller:
         # Batches and seconds observed at the current worker count (its rate).
         self._here = (0, 0.0, 0)  # batches, wall seconds, intervals
         self._since_change = 0
-        self._before_rate = 0.0
         self.history: list[Decision] = []
 
     def observe(self, obs: Observation) -> Decision | None:
