@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.utils.data as tud
 
+from stoker._partition import share_size
 from stoker.errors import ConfigError
 from stoker.sampling import World
 
@@ -85,7 +86,7 @@ def rank_span(sizes: list[int], order: list[int], world: World, *, pad: bool) ->
     run = [(s, 0, sizes[s]) for s in order if sizes[s] > 0]
     offsets = list(accumulate((sizes[s] for s, _, _ in run), initial=0))
     total = offsets[-1]
-    count = -(-total // world.world_size) if pad else total // world.world_size
+    count = share_size(total, world.world_size, pad)  # RankSampler's shares, in spans
     out: list[Span] = []
     pos = world.rank * count
     end = pos + count
@@ -166,8 +167,7 @@ class ShardStream(tud.IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch."""
-        total, size = len(self.dataset), self.current_world().world_size
-        return -(-total // size) if self.pad else total // size
+        return share_size(len(self.dataset), self.current_world().world_size, self.pad)
 
     def _spans(self, epoch: int, worker: int, workers: int, world: World) -> list[Span]:
         sizes = list(self.dataset.shard_sizes)
