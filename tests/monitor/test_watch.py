@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from _monitor_synthetic import FakeClock, consume, producer
@@ -12,7 +14,7 @@ from torch.utils.data import TensorDataset
 
 import stoker
 from stoker.errors import ConfigError
-from stoker.monitor import Watch, watch
+from stoker.monitor import Watch, _probe, watch
 from stoker.monitor._detect import STALL_WARMUP_STEPS
 from stoker.monitor._meter import batch_size
 
@@ -132,6 +134,9 @@ def test_exception_in_loop_closes_the_pass(tmp_path) -> None:
         (torch.tensor(3.0), 1),
         ((torch.zeros(5, 2), torch.zeros(5)), 5),
         ([torch.zeros(6, 2), torch.zeros(6)], 6),
+        ((torch.tensor(2.0), torch.zeros(3)), 1),
+        (torch.nn.Parameter(torch.zeros(4, 2)), 4),
+        (np.zeros((3, 2)), 3),
         ({"image": torch.zeros(9, 3), "label": torch.zeros(9)}, 9),
         ({"meta": {"ids": [1, 2, 3]}}, 3),
         (["a", "b"], 2),
@@ -255,3 +260,33 @@ def test_stoker_dataloader_stats_are_read() -> None:
     health = w.reports[0].loader
     assert health is not None and health.backend == "inline" and health.num_workers == 0
     assert health.failures == 0 and health.worker_restarts == 0
+
+
+def test_loader_is_read_at_most_every_sample_interval(monkeypatch) -> None:
+    """Health intervals closer together than SAMPLE_MIN_INTERVAL_S reuse the last reading."""
+    monkeypatch.setattr(_probe, "SAMPLE_MIN_INTERVAL_S", 1.0)
+    clock = FakeClock()
+    ds = TensorDataset(torch.arange(40.0))
+    loader = stoker.DataLoader(ds, batch_size=1, num_workers=0)
+    reads = []
+    real_stats = loader.stats
+    monkeypatch.setattr(loader, "stats", lambda: reads.append(clock()) or real_stats())
+    w = Watch(loader, every=5, progress=False, clock=clock)
+    t0 = clock()
+    for _ in w:
+        clock.advance(0.1)  # an interval every 0.5 s
+    assert len(w.reports) == 8 and all(r.loader is not None for r in w.reports)
+    assert [t - t0 for t in reads] == pytest.approx([0.5, 1.5, 2.5, 3.5])
+
+
+def test_worker_pss_is_read_in_a_thread_that_ends_with_the_pass(monkeypatch) -> None:
+    monkeypatch.setattr(_probe, "SAMPLE_MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(_probe, "PSS_MIN_INTERVAL_S", 0.0)
+    ds = TensorDataset(torch.arange(400.0))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=2)
+    w = watch(loader, every=2, progress=False)
+    for _ in w:
+        time.sleep(0.002)
+    assert not [t for t in threading.enumerate() if t.name == "stoker-watch-pss"]
+    readings = [r.loader.pss_bytes for r in w.reports if r.loader and r.loader.pss_bytes]
+    assert readings and all(len(p) == 2 and min(p) > 1 << 20 for p in readings), readings

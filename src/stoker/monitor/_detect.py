@@ -25,7 +25,7 @@ import bisect
 import dataclasses
 import itertools
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from stoker.monitor._types import LoaderHealth, Sawtooth, StallEvent, Verdict
 
@@ -100,6 +100,23 @@ class RunningMedian:
         self._fifo.append(value)
         bisect.insort(self._sorted, value)
 
+    def push(self, value: float) -> float | None:
+        """Add ``value`` and return the median of the values before it (``None``: none).
+
+        The same as :meth:`median` then :meth:`add`, in one call (this runs every step).
+        """
+        fifo, ordered = self._fifo, self._sorted
+        n = len(ordered)
+        before = None
+        if n:
+            mid = n // 2
+            before = ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+            if n == self._window:
+                del ordered[bisect.bisect_left(ordered, fifo.popleft())]
+        fifo.append(value)
+        bisect.insort(ordered, value)
+        return before
+
     def median(self) -> float:
         """The current median (0 when empty)."""
         s = self._sorted
@@ -141,13 +158,35 @@ class StallDetector:
         Returns:
             A :class:`StallEvent` when the wait is a stall, else ``None``.
         """
-        event = None
-        threshold = self.threshold()
-        if threshold is not None and wait_s > threshold:
-            event = StallEvent(step, wait_s, self._median.median(), threshold, epoch_start)
-        self._seen += 1
-        self._median.add(wait_s)
-        return event
+        events = self.check_many(step, (wait_s,), epoch_start=epoch_start)
+        return events[0] if events else None
+
+    def check_many(
+        self, first_step: int, waits: Iterable[float], *, epoch_start: bool = False
+    ) -> list[StallEvent]:
+        """:meth:`check` each of consecutive steps' waits, in one loop.
+
+        Args:
+            first_step: the index of the first step.
+            waits: the steps' data waits, in order.
+            epoch_start: the first step is the first of a later pass over the loader.
+
+        Returns:
+            The stall events, in step order.
+        """
+        push, warmup, seen = self._median.push, self._warmup, self._seen
+        events = []
+        for k, wait_s in enumerate(waits):
+            m = push(wait_s)
+            if m is not None and seen >= warmup:
+                threshold = max(STALL_FACTOR * m, m + STALL_MIN_EXCESS_S)
+                if wait_s > threshold:
+                    events.append(
+                        StallEvent(first_step + k, wait_s, m, threshold, epoch_start and k == 0)
+                    )
+            seen += 1
+        self._seen = seen
+        return events
 
 
 def find_sawtooth(

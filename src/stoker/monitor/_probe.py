@@ -4,14 +4,18 @@
   fraction over the interval comes from the change in each worker's ``busy_s``.
 * torch's ``DataLoader`` with workers: the worker processes' CPU time over the interval
   (psutil), which misses time a worker spends blocked on I/O.
-* both: PSS of each worker process (psutil, at most every ``PSS_MIN_INTERVAL_S``) and, with
-  ``pynvml`` importable and CUDA available, GPU utilisation from NVML.
+* both: PSS of each worker process (psutil, at most every ``PSS_MIN_INTERVAL_S``, read in a
+  short-lived thread) and, with ``pynvml`` importable and CUDA available, GPU utilisation
+  from NVML.
+
+Intervals closer together than ``SAMPLE_MIN_INTERVAL_S`` reuse the last reading.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import threading
 import time
 from typing import Any
 
@@ -20,10 +24,16 @@ import psutil
 from stoker._stats import LoaderStats
 from stoker.monitor._types import BusySource, LoaderHealth
 
-__all__ = ["PSS_MIN_INTERVAL_S", "LoaderProbe"]
+__all__ = ["PSS_MIN_INTERVAL_S", "SAMPLE_MIN_INTERVAL_S", "LoaderProbe"]
 
 # Reading PSS walks the process's page tables (milliseconds for a large worker).
 PSS_MIN_INTERVAL_S = 5.0
+# How long the end of a pass waits for a PSS reading under way.
+PSS_JOIN_TIMEOUT_S = 2.0
+# Health intervals closer together than this reuse the last sample: on a fast loader 100
+# steps take a few milliseconds, and reading the loader 20 times a second costs more than
+# the steps' own bookkeeping while telling nothing new.
+SAMPLE_MIN_INTERVAL_S = 0.5
 
 
 def _clamp(x: float) -> float:
@@ -79,12 +89,17 @@ class LoaderProbe:
         self._last_time: float | None = None
         self._pss: tuple[int, ...] = ()
         self._pss_time: float | None = None
+        self._pss_reader: threading.Thread | None = None
         self._gpu = _Gpu() if gpu else None
 
     @property
     def enabled(self) -> bool:
         """Whether sampling can tell anything beyond the step timings."""
         return bool(self._stats_fn or self.num_workers or (self._gpu and self._gpu._handle))
+
+    def due(self, now: float) -> bool:
+        """Whether a sample at time ``now`` would be new (``SAMPLE_MIN_INTERVAL_S`` apart)."""
+        return self._last_time is None or now - self._last_time >= SAMPLE_MIN_INTERVAL_S
 
     def attach(self, iterator: Any) -> None:
         """Remember the iterator of the current pass (torch keeps its worker processes there)."""
@@ -136,14 +151,36 @@ class LoaderProbe:
         return sum(fractions) / len(fractions) if fractions else None
 
     def _pss_of(self, pids: list[int], now: float) -> tuple[int, ...]:
-        if self._pss_time is not None and now - self._pss_time < PSS_MIN_INTERVAL_S:
-            return self._pss
+        """The workers' PSS: the latest reading, and a new one started when it is due.
+
+        Reading PSS makes the kernel walk each worker's page tables (milliseconds), so it
+        runs in a thread: the kernel's walk releases the GIL, and the training loop does not
+        wait for it. A health line shows the reading finished most recently.
+        """
+        reader = self._pss_reader
+        if reader is not None and not reader.is_alive():
+            self._pss_reader = reader = None
+        due = self._pss_time is None or now - self._pss_time >= PSS_MIN_INTERVAL_S
+        if due and reader is None:
+            self._pss_time = now
+            self._pss_reader = threading.Thread(
+                target=self._read_pss, args=(tuple(pids),), name="stoker-watch-pss", daemon=True
+            )
+            self._pss_reader.start()
+        return self._pss
+
+    def _read_pss(self, pids: tuple[int, ...]) -> None:
         sizes = []
         for pid in pids:
             with contextlib.suppress(psutil.Error, OSError, AttributeError):
                 sizes.append(int(psutil.Process(pid).memory_full_info().pss))
-        self._pss, self._pss_time = tuple(sizes), now
-        return self._pss
+        self._pss = tuple(sizes)
+
+    def close(self, timeout: float = PSS_JOIN_TIMEOUT_S) -> None:
+        """Wait for a PSS reading under way (at the end of a pass: no thread outlives it)."""
+        reader, self._pss_reader = self._pss_reader, None
+        if reader is not None:
+            reader.join(timeout)
 
     def sample(self, now: float) -> LoaderHealth | None:
         """Read the loader at time ``now`` (seconds, same clock as the previous call).

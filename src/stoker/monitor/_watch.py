@@ -94,6 +94,7 @@ class Watch(Generic[T]):
         self._health: LoaderHealth | None = None
         self._header_written = False
         self._pass_start = 0.0
+        self._sink: JsonlSink | None = None  # the log of the pass under way
         self.reports: list[HealthReport] = []
         if log is not None:  # open now so that a bad path fails before training starts
             self._open_log().close()
@@ -103,10 +104,11 @@ class Watch(Generic[T]):
     @property
     def steps(self) -> int:
         """Steps completed so far."""
-        return self._meter.steps
+        return self._meter.steps + len(self._meter.pending)
 
     def summary(self) -> WatchSummary:
         """The run so far, for all passes: totals, starvation ratio, stalls and verdict."""
+        self._fold()
         m = self._meter
         frac = wait_fraction(m.wait_s, m.compute_s)
         saw = find_sawtooth(list(m.recent_wait), list(m.recent_compute))
@@ -165,7 +167,7 @@ class Watch(Generic[T]):
         wall = now - iv.start_time
         frac = wait_fraction(iv.wait_s, iv.compute_s)
         saw = find_sawtooth(list(m.recent_wait), list(m.recent_compute))
-        if self._probe.enabled:
+        if self._probe.enabled and (self._probe.due(now) or self._health is None):
             health, before = self._probe.sample(now), self._health
             if health is not None and health.busy_fraction is None and before is not None:
                 # workers already gone (end of a pass): keep the last busy fraction seen
@@ -206,10 +208,29 @@ class Watch(Generic[T]):
             tb.interval(report)
         return report
 
+    def _fold(self) -> None:
+        """Fold the steps the loop recorded into the meter; log them and their stalls."""
+        m = self._meter
+        pending = m.pending
+        if not len(pending):
+            return
+        sink, t0 = self._sink, self._t0
+        if sink is not None and t0 is not None:
+            first = m.steps
+            for k, (t, w, c, size) in enumerate(
+                zip(pending.start, pending.wait, pending.compute, pending.size, strict=True)
+            ):
+                sink.step(first + k, t - t0, w, c, size)
+        events = m.fold()
+        if sink is not None:
+            for event in events:
+                sink.stall(event)
+
     def _run(self) -> Iterator[T]:
         clock, meter, every, size_of = self._clock, self._meter, self.every, self._size
         self._epoch += 1
-        first_of_pass = self._epoch > 0
+        if self._epoch > 0:
+            meter.start_epoch()
         display = make_display(
             self._progress, operator.length_hint(self.source, 0) or None, self._file
         )
@@ -219,7 +240,7 @@ class Watch(Generic[T]):
         start = clock()
         if self._t0 is None:
             self._t0 = start
-        t0 = self._t0
+        self._sink = sink
         self._pass_start = start
         meter.interval.start_time = start
         if sink is not None:
@@ -232,6 +253,12 @@ class Watch(Generic[T]):
         t_req = t_got = start
         size: int | None = None
         own = 0.0  # this pass's bookkeeping time (the watch's own cost)
+        # Each step is only appended to meter.pending; it is folded into the meter when the
+        # health interval is complete or the progress display is due.
+        record = meter.pending
+        push_start, push_wait = record.start.append, record.wait.append
+        push_compute, push_size = record.compute.append, record.size.append
+        due = every - meter.interval.steps
         try:
             t_req = clock()
             while True:
@@ -244,26 +271,29 @@ class Watch(Generic[T]):
                 pending = True
                 t_yield = clock()
                 yield batch
+                # Drop the batch before the clock: when the caller holds no other reference,
+                # freeing it (and returning its slot to a stoker loader) is the step's work,
+                # as it is when the caller's loop variable lets go of it after next().
+                batch = None  # type: ignore[assignment]  # do not keep the batch alive
                 t_done = clock()
                 pending = False
-                batch = None  # type: ignore[assignment]  # do not keep the batch alive
-                wait, compute = t_got - t_req, t_done - t_yield
+                push_start(t_req)
+                push_wait(t_got - t_req)
+                push_compute(t_done - t_yield)
+                push_size(size)
                 own += t_yield - t_got
-                step = meter.steps
-                event = meter.add(wait, compute, size, epoch_start=first_of_pass)
-                first_of_pass = False
-                if sink is not None:
-                    sink.step(step, t_req - t0, wait, compute, size)
-                    if event is not None:
-                        sink.stall(event)
-                if meter.interval.steps >= every:
-                    display.health(self._interval(t_done, sink, tb))
-                if t_done >= next_refresh:
-                    wait_frac, rate = meter.recent_rates()
-                    n = len(meter.recent_wait)
-                    total = sum(meter.recent_wait) + sum(meter.recent_compute)
-                    display.refresh(meter.steps, rate, wait_frac, n / total if total else 0.0)
-                    next_refresh = t_done + period
+                due -= 1
+                if due <= 0 or t_done >= next_refresh:
+                    self._fold()
+                    if meter.interval.steps >= every:
+                        display.health(self._interval(t_done, sink, tb))
+                    due = every - meter.interval.steps
+                    if t_done >= next_refresh:
+                        wait_frac, rate = meter.recent_rates()
+                        n = len(meter.recent_wait)
+                        total = sum(meter.recent_wait) + sum(meter.recent_compute)
+                        display.refresh(meter.steps, rate, wait_frac, n / total if total else 0.0)
+                        next_refresh = t_done + period
                 t_req = clock()
                 own += t_req - t_done
         finally:
@@ -271,17 +301,19 @@ class Watch(Generic[T]):
             # nothing is summarised or written.
             if not sys.is_finalizing():
                 now = clock()
+                self._fold()
                 if pending:  # the loop stopped (break, exception) while holding the last batch
-                    step = meter.steps
-                    event = meter.add(t_got - t_req, now - t_got, size, epoch_start=first_of_pass)
-                    if sink is not None:
-                        sink.step(step, t_req - t0, t_got - t_req, now - t_got, size)
-                        if event is not None:
-                            sink.stall(event)
+                    push_start(t_req)
+                    push_wait(t_got - t_req)
+                    push_compute(now - t_got)
+                    push_size(size)
+                    self._fold()
                 if meter.interval.steps:
                     self._interval(now, sink, tb)
+                self._probe.close()
                 self._active_s += now - start
                 self._own_s += own
+                self._sink = None
                 summary = self.summary()
                 try:
                     if sink is not None:
@@ -314,10 +346,12 @@ def watch(
     ``loader.stats()`` (worker busy fraction, reorder depth, slots, failures, restarts) and the
     workers' PSS; with torch's, the workers' CPU use; with ``pynvml`` and CUDA, GPU use.
 
-    The per-step cost is a few microseconds: four clock reads, a batch-size lookup and some
-    arithmetic; the progress bar redraws at most ``REFRESH_HZ`` times a second and the loader
-    is only inspected at health intervals. The watch times its own bookkeeping:
-    ``summary().overhead_s`` is what it added to the run (finished passes).
+    The per-step cost is about two microseconds: four clock reads, a batch-size lookup and
+    four appends; the steps are folded into the statistics (and the log) at each health
+    interval and progress refresh, the progress bar redraws at most ``REFRESH_HZ`` times a
+    second and the loader is read at most every ``SAMPLE_MIN_INTERVAL_S``. The watch times
+    its own bookkeeping: ``summary().overhead_s`` is what it added to the run (finished
+    passes).
 
     Example::
 
