@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stoker._autotune import (
     CALM_INTERVALS,
     EVAL_BATCHES,
+    FILL_TARGET,
     MAX_PREFETCH,
     PREFETCH_CALM_INTERVALS,
     Controller,
     Observation,
+    workers_to_fill,
 )
 
 
@@ -259,3 +265,70 @@ def test_thread_pools_are_not_halved_for_saturating_the_cores():
     pipe = OversubscribedPipeline(best=2, cores=2)
     ctrl = Controller(start=16, max_workers=16, shrink=False)
     assert _drive(ctrl, pipe, 40) == [16] * 40
+
+
+def test_workers_to_fill_matches_the_closed_form_for_one_core():
+    # One core is busy unless every worker is blocked: 1 - blocked**n >= FILL_TARGET.
+    for blocked in (0.1, 0.3, 0.5, 0.8):
+        n = math.ceil(math.log(1 - FILL_TARGET) / math.log(blocked))
+        assert workers_to_fill(1, blocked) == n
+    assert workers_to_fill(2, 0.0) == 2 and workers_to_fill(8, 0.0) == 8
+    assert workers_to_fill(2, 0.43) == 7
+    assert workers_to_fill(2, 1.0, cap=40) == 40
+
+
+@settings(max_examples=100, deadline=None)
+@given(cores=st.integers(1, 16), blocked=st.floats(0.0, 0.95))
+def test_workers_to_fill_is_the_fewest_that_reach_the_target(cores, blocked):
+    def busy_share(n: int) -> float:
+        awake = 1 - blocked
+        return (
+            sum(
+                math.comb(n, k) * awake**k * blocked ** (n - k) * min(k, cores)
+                for k in range(n + 1)
+            )
+            / cores
+        )
+
+    n = workers_to_fill(cores, blocked)
+    assert n >= cores and busy_share(n) >= FILL_TARGET - 1e-9
+    assert n == cores or busy_share(n - 1) < FILL_TARGET
+    assert workers_to_fill(cores, min(0.95, blocked + 0.05)) >= n  # more blocking, more workers
+
+
+class BlockingPipeline(OversubscribedPipeline):
+    """Workers blocked inside their samples a `blocked` share of their loading time: the cores
+    do E[min(awake, cores)] work, so the rate grows up to workers_to_fill and flattens past it.
+    The cores read as saturated (the consumer and the awake workers take them)."""
+
+    def __init__(self, blocked: float, cores: int = 2, peak: float = 20.0, sampled: bool = True):
+        super().__init__(best=cores, cores=cores, peak=peak)
+        self.blocked, self.sampled = blocked, sampled
+
+    def rate(self, workers: int) -> float:
+        awake = 1 - self.blocked
+        done = sum(
+            math.comb(workers, k) * awake**k * self.blocked ** (workers - k) * min(k, self.cores)
+            for k in range(workers + 1)
+        )
+        return self.peak * done / self.cores
+
+    def interval(self, workers: int, wall: float = 0.2) -> Observation:
+        base = super().interval(workers, wall)
+        if not self.sampled:
+            return base
+        running = self.cores * wall * 0.9
+        blocked = running * self.blocked / (1 - self.blocked)
+        return Observation(**{**base.__dict__, "blocked_s": blocked, "running_s": running})
+
+
+def test_workers_blocked_in_their_samples_keep_the_oversubscription_that_covers_them():
+    blocked = 0.6
+    need = workers_to_fill(2, blocked)  # 10 for 2 cores
+    history = _drive(Controller(start=16, max_workers=16), BlockingPipeline(blocked), 40)
+    assert min(history) >= need and history[-1] == need, history
+    # Unsampled (no blocked share known), the same pool is halved below it, and the trial
+    # that shows the loss is what brings it back.
+    plain = BlockingPipeline(blocked, sampled=False)
+    history = _drive(Controller(start=16, max_workers=16), plain, 40)
+    assert min(history) < need, history

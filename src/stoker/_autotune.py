@@ -5,11 +5,12 @@ and prefetch depth to use next. It adds workers while the consumer waits for dat
 free (a worker that mostly waits, on storage or a network, costs little CPU, so I/O-bound
 loading grows past the core count), removes one when workers sit idle and the consumer does
 not wait, halves an oversubscribed pool (more workers than cores on saturated cores, as when
-started from 16 on a small machine), and sizes the prefetch depth to absorb the spread of
-batch latencies. A change of the worker count is a trial: it is judged on the delivered rate
-over at least :data:`EVAL_BATCHES` batches against the rate before it, and taken back when it
-cost more than :data:`MIN_GAIN`. Changes never alter what is delivered: dispatch is by batch
-index.
+started from 16 on a small machine) but never below the count that keeps the cores busy while
+workers block inside their samples (see :func:`workers_to_fill`), and sizes the prefetch depth
+to absorb the spread of batch latencies. A change of the worker count is a trial: it is judged
+on the delivered rate over at least :data:`EVAL_BATCHES` batches against the rate before it,
+and taken back when it cost more than :data:`MIN_GAIN`. Changes never alter what is delivered:
+dispatch is by batch index.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Controller", "Decision", "Observation"]
+__all__ = ["Controller", "Decision", "Observation", "workers_to_fill"]
 
 # Consumer waiting above this share of wall time is starvation; below QUIET it is fed;
 # above SEVERE it mostly waits and workers are added faster.
@@ -50,6 +51,11 @@ PREFETCH_CALM_INTERVALS = 5
 # after EVAL_INTERVALS intervals when batches are slow.
 EVAL_BATCHES = 12
 EVAL_INTERVALS = 6
+# Workers that block inside their samples (sleep, storage, a lock) leave cores idle unless
+# there are more workers than cores: enough that the cores stay busy this share of the time.
+FILL_TARGET = 0.97
+# Weight of the previous intervals in the blocked share (per interval).
+BLOCKED_DECAY = 0.9
 # Intervals after a change (or the start) left out of the rate at the new count: workers that
 # started together deliver their first batches together, a burst that is not their pace.
 BURST_INTERVALS = 1
@@ -74,6 +80,10 @@ class Observation:
             the interval is not used for a decision).
         idle_cores: idle CPU time of the usable cores over the interval, in cores (other
             processes on the machine count); None if unknown.
+        blocked_s: over the batches sampled during the interval, the loading time spent
+            neither running nor waiting for a core (asleep on storage, a network, a lock);
+            None if no batch was sampled.
+        running_s: over the same batches, the loading time spent on a core.
     """
 
     wall_s: float
@@ -88,6 +98,34 @@ class Observation:
     batches: int = 0
     settling: bool = False
     idle_cores: float | None = None
+    blocked_s: float | None = None
+    running_s: float | None = None
+
+
+def workers_to_fill(cores: int, blocked: float, cap: int = 256) -> int:
+    """The fewest workers that keep ``cores`` busy ``FILL_TARGET`` of the time.
+
+    Each worker is taken to be blocked (inside a sample, off the CPU) a ``blocked`` share of
+    its loading time, independently of the others: the awake count is binomial, and the
+    cores do ``E[min(awake, cores)]`` work. Workers that never block need one per core;
+    workers blocked 43% of the time need 7 for 2 cores (4 leave them idle 12% of the time).
+
+    Args:
+        cores: usable cores.
+        blocked: share of a worker's loading time spent blocked, in [0, 1].
+        cap: the answer when no count up to it is enough.
+    """
+    blocked = min(max(blocked, 0.0), 1.0)
+    if blocked >= 1.0:
+        return cap
+    awake = 1.0 - blocked
+    for n in range(max(1, cores), cap + 1):
+        done = sum(
+            math.comb(n, k) * awake**k * blocked ** (n - k) * min(k, cores) for k in range(n + 1)
+        )
+        if done >= FILL_TARGET * cores:
+            return n
+    return cap
 
 
 @dataclass(frozen=True)
@@ -136,6 +174,7 @@ class Controller:
         self._floor: int | None = None  # a count below which shrinking did not pay
         self._floor_age = 0
         self._floor_life = PLATEAU_INTERVALS // 2  # doubled by each shrink that fails
+        self._blocked = (0.0, 0.0)  # decaying sums of blocked and running worker seconds
         self._lower_wants: list[int] = []  # prefetch depths wanted below the current one
         # Batches and seconds observed at the current worker count (its rate).
         self._here = (0, 0.0, 0)  # batches, wall seconds, intervals
@@ -153,6 +192,7 @@ class Controller:
         if obs.idle_cores is not None:  # other processes use cores too
             headroom = min(headroom, obs.idle_cores)
         cpu_per_worker = cpu_used / obs.workers
+        blocked = self._blocked_share(obs)
         self._cooldown = max(0, self._cooldown - 1)
         self._age_limits()
         self._since_change += 1
@@ -211,6 +251,9 @@ class Controller:
             and (self._plateau is None or obs.workers < self._plateau)
         )
         shrink_to = max(obs.cores, self.min_workers, self._floor or 0, obs.workers // 2)
+        if blocked > 0:
+            # Oversubscription that covers workers blocked inside their samples is kept.
+            shrink_to = max(shrink_to, min(obs.workers, workers_to_fill(obs.cores, blocked)))
         if (
             self.shrink
             and headroom < MIN_HEADROOM
@@ -267,6 +310,22 @@ class Controller:
         else:
             self._calm = 0
         return self._decide(obs, workers, reason)
+
+    def _blocked_share(self, obs: Observation) -> float:
+        """The share of their loading time that workers spend blocked, over recent intervals.
+
+        Measured against the time loading would take on cores of their own (running plus
+        blocked; time queued for a core is what oversubscription adds), over the batches the
+        workers sampled, in decaying sums over about ``1 / (1 - BLOCKED_DECAY)`` intervals:
+        one interval holds few batches.
+        """
+        blocked, running = self._blocked
+        if obs.blocked_s is None or obs.running_s is None:
+            return blocked / (blocked + running) if blocked + running > 0 else 0.0
+        blocked = BLOCKED_DECAY * blocked + obs.blocked_s
+        running = BLOCKED_DECAY * running + obs.running_s
+        self._blocked = (blocked, running)
+        return blocked / (blocked + running) if blocked + running > 0 else 0.0
 
     def _age_limits(self) -> None:
         """Forget a plateau or a floor after PLATEAU_INTERVALS: the load may have changed."""

@@ -420,9 +420,12 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
                 # Map the slot now: its worker may leave (and its file go) before delivery.
                 msg = (*msg, self._slots.open(msg[5]))
             self._worker_batches[wid] += 1
-            self._worker_busy[wid] += msg[4]
+            busy, sampled = msg[4]  # sampled: None, or (running, blocked) seconds of its fetch
+            self._worker_busy[wid] += busy
             if self._scaler is not None:
-                self._scaler.record_latency(msg[4])
+                self._scaler.record_latency(busy)
+                if sampled is not None:
+                    self._scaler.record_blocked(*sampled)
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return

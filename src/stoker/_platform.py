@@ -200,3 +200,16 @@ def fs_kind(fstype: str | None) -> str:
     ):
         return "network"
     return "local"
+
+
+def thread_sched_seconds() -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread so far.
+
+    From ``/proc/thread-self/schedstat`` (Linux); ``None`` where it cannot be read.
+    """
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            on_cpu, queued, *_ = f.read().split()
+        return int(on_cpu) / 1e9, int(queued) / 1e9
+    except (OSError, ValueError):
+        return None

@@ -2,7 +2,8 @@
 
 :class:`stoker._autotune.Controller` is pure logic; this module measures what it needs once per
 interval (consumer wait and worker busy time from the iterator, CPU of the process tree and
-idle time of the usable cores from the OS, batch latencies, free memory) and turns a decision
+idle time of the usable cores from the OS, batch latencies, how much of the sampled batches'
+loading was spent blocked, free memory) and turns a decision
 into workers started or asked to retire (whichever is idle first takes the retire request).
 """
 
@@ -61,12 +62,18 @@ class AutoScaler:
         self._latencies: list[float] = []
         self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
         self._procs: dict[int, psutil.Process] = {}
+        self._blocked: tuple[float, float] | None = None  # sampled batches: running, blocked
         self.retiring = 0  # retire requests not yet answered
         self._was_retiring = False
 
     def record_latency(self, seconds: float) -> None:
         """A batch took ``seconds`` to load."""
         self._latencies.append(seconds)
+
+    def record_blocked(self, running_s: float, blocked_s: float) -> None:
+        """A sampled batch's fetch ran ``running_s`` on a core and was blocked ``blocked_s``."""
+        running, blocked = self._blocked or (0.0, 0.0)
+        self._blocked = (running + running_s, blocked + blocked_s)
 
     def retired(self) -> None:
         """A worker answered a retire request."""
@@ -115,15 +122,17 @@ class AutoScaler:
         if now - t_last < CONTROL_INTERVAL_S:
             return None
         cpu = self._cpu_seconds(pool)
+        sampled, self._blocked = self._blocked, None
         lat = sorted(self._latencies)
         self._latencies = []
         idle = idle_seconds()
         wall = now - t_last
+        busy = max(0.0, busy_s - busy_last)
         idle_cores = (idle - self._idle) / wall if idle is not None and self._idle else None
         obs = Observation(
             wall_s=wall,
             wait_s=max(0.0, wait_s - wait_last),
-            busy_s=max(0.0, busy_s - busy_last),
+            busy_s=busy,
             cpu_s=max(0.0, cpu - cpu_last) if cpu_last else None,
             workers=self.running(pool),
             cores=usable_cores(),
@@ -134,6 +143,8 @@ class AutoScaler:
             # Start-up, or workers still retiring (their in-flight batches hold up delivery)
             settling=t_last < self._settled or self.retiring > 0 or self._was_retiring,
             idle_cores=idle_cores,
+            blocked_s=sampled[1] if sampled is not None else None,
+            running_s=sampled[0] if sampled is not None else None,
         )
         self._idle = idle
         self._was_retiring = self.retiring > 0

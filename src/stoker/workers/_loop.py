@@ -29,6 +29,7 @@ import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker._epoch_sync import apply_changes
+from stoker._platform import thread_sched_seconds
 from stoker._seeding import seed_all
 from stoker.transport import SlotArena, encode
 from stoker.workers import _collate
@@ -44,6 +45,10 @@ STOP = b"S"
 RETIRE = b"R"
 # How often a worker checks that the main process is still alive.
 PARENT_POLL_S = 0.25
+# At most one batch per this many seconds has its fetch timed against the thread's scheduler
+# statistics (two small /proc reads), to tell the num_workers="auto" controller how much of
+# loading is spent blocked (sleeping on storage, a network) rather than computing.
+BLOCKED_SAMPLE_S = 0.05
 _PROTOCOL = 5
 _PR_SET_PDEATHSIG = 1
 # Sent by the kernel to a worker when the main process (thread) that started it dies.
@@ -117,6 +122,41 @@ def _cap_threads(n: int) -> None:
             cv2.setNumThreads(n)
 
 
+class _BlockedSampler:
+    """Times a batch's fetch now and then: how long it ran on a core, how long it was blocked.
+
+    Blocked is the fetch's wall time less its time on a core and its time queued for one, so
+    a worker that only waits for a share of the CPU (an oversubscribed pool) is not blocked.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._works = True
+
+    def start(self) -> tuple[float, float, float] | None:
+        """A mark to pass to :meth:`finish` when this batch is sampled, else ``None``."""
+        now = time.perf_counter()
+        if not self._works or now < self._next:
+            return None
+        sched = thread_sched_seconds()
+        if sched is None:
+            self._works = False  # not Linux, or no schedstat: never again
+            return None
+        self._next = now + BLOCKED_SAMPLE_S
+        return now, sched[0], sched[1]
+
+    def finish(self, mark: tuple[float, float, float] | None) -> tuple[float, float] | None:
+        """``(running, blocked)`` seconds since ``mark``, or ``None``."""
+        if mark is None:
+            return None
+        sched = thread_sched_seconds()
+        if sched is None:
+            return None
+        wall = time.perf_counter() - mark[0]
+        running, queued = sched[0] - mark[1], sched[1] - mark[2]
+        return running, max(0.0, wall - running - queued)
+
+
 class _Worker:
     def __init__(
         self,
@@ -141,6 +181,7 @@ class _Worker:
         self.arena = SlotArena(
             spec.slot_prefix, spec.worker_id, spec.slot_budget, directory=spec.shm_dir
         )
+        self.blocked = _BlockedSampler()
 
     def send(self, msg: tuple[Any, ...]) -> None:
         self.out.send_bytes(pickle.dumps(msg, protocol=_PROTOCOL))
@@ -222,7 +263,9 @@ class _Worker:
         error, self.fetcher_error = self.fetcher_error, None
         try:
             arena.begin()
+            mark = self.blocked.start()
             batch, failures = fetch_stream(self.fetcher, error, self.spec.on_error, index, seed)
+            sampled = self.blocked.finish(mark)
             enc = encode(batch, arena)
             del batch
         except StopIteration:
@@ -246,7 +289,7 @@ class _Worker:
                 epoch,
                 idx,
                 wid,
-                busy,
+                (busy, sampled),
                 enc.slot,
                 arena.take_retired(),
                 enc.payload,

@@ -147,7 +147,7 @@ class _ThreadWorker:
         finally:
             pool.status.end(wid)
         busy = time.perf_counter() - t0
-        pool.results.put(("D", epoch, idx, wid, busy, None, [], batch, False, failures))
+        pool.results.put(("D", epoch, idx, wid, (busy, None), None, [], batch, False, failures))
 
 
 class ThreadPool:
