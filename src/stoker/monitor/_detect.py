@@ -75,6 +75,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def _stall_threshold(median: float) -> float:
+    """The wait above which a step is a stall, given the running median of the waits."""
+    return max(STALL_FACTOR * median, median + STALL_MIN_EXCESS_S)
+
+
 class RunningMedian:
     """Median of the last ``window`` values, updated in O(window) memmove, O(log window) search.
 
@@ -94,11 +99,7 @@ class RunningMedian:
 
     def add(self, value: float) -> None:
         """Add ``value``, dropping the oldest value once the window is full."""
-        if len(self._fifo) == self._window:
-            old = self._fifo.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-        self._fifo.append(value)
-        bisect.insort(self._sorted, value)
+        self.push(value)
 
     def push(self, value: float) -> float | None:
         """Add ``value`` and return the median of the values before it (``None``: none).
@@ -144,8 +145,7 @@ class StallDetector:
         """The wait above which the next step is a stall; ``None`` during warm-up."""
         if self._seen < self._warmup or not len(self._median):
             return None
-        m = self._median.median()
-        return max(STALL_FACTOR * m, m + STALL_MIN_EXCESS_S)
+        return _stall_threshold(self._median.median())
 
     def check(self, step: int, wait_s: float, *, epoch_start: bool = False) -> StallEvent | None:
         """Check one step's wait, then add it to the window.
@@ -179,7 +179,7 @@ class StallDetector:
         for k, wait_s in enumerate(waits):
             m = push(wait_s)
             if m is not None and seen >= warmup:
-                threshold = max(STALL_FACTOR * m, m + STALL_MIN_EXCESS_S)
+                threshold = _stall_threshold(m)
                 if wait_s > threshold:
                     events.append(
                         StallEvent(first_step + k, wait_s, m, threshold, epoch_start and k == 0)

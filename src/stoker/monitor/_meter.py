@@ -101,7 +101,6 @@ class LogHistogram:
         )
         self._counts = np.zeros(len(self._edges) + 1, dtype=np.int64)
         self._pending = array("d")
-        self.append = self._pending.append
 
     def extend(self, values: array[float]) -> None:
         """Add many values (folded into the bins once ``HIST_FOLD_AT`` wait)."""
@@ -116,7 +115,6 @@ class LogHistogram:
                 np.searchsorted(self._edges, values), minlength=len(self._counts)
             )
             self._pending = array("d")
-            self.append = self._pending.append
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1) as the geometric centre of its bin; 0 when empty."""
@@ -240,7 +238,7 @@ class StepMeter:
         return events
 
     def add(self, wait_s: float, compute_s: float, size: int | None) -> StallEvent | None:
-        """Record one completed step now (fold :attr:`pending` first, to keep steps in order).
+        """Record one completed step now, after any steps in :attr:`pending`.
 
         Args:
             wait_s: time blocked waiting for the batch.
@@ -248,35 +246,15 @@ class StepMeter:
             size: samples in the batch, or ``None`` when unknown.
 
         Returns:
-            The step's :class:`StallEvent`, if it was a stall.
+            The step's :class:`StallEvent`, if it was a stall (or a pending step's).
         """
-        step = self.steps
-        self.steps = step + 1
-        self.wait_s += wait_s
-        self.compute_s += compute_s
-        if wait_s > self.max_wait_s:
-            self.max_wait_s = wait_s
-        self.recent_wait.append(wait_s)
-        self.recent_compute.append(compute_s)
-        self.wait_hist.append(wait_s)
-        self.compute_hist.append(compute_s)
-        iv = self.interval
-        iv.steps += 1
-        iv.wait_s += wait_s
-        iv.compute_s += compute_s
-        if size is None:
-            self.sized = iv.sized = False
-            self.recent_size.append(0)
-        else:
-            self.samples += size
-            iv.samples += size
-            self.recent_size.append(size)
-        event = self.stalls.check(step, wait_s, epoch_start=self._epoch_start)
-        self._epoch_start = False
-        if event is not None:
-            self.stall_events.append(event)
-            self._interval_stalls += 1
-        return event
+        p = self.pending
+        p.start.append(0.0)
+        p.wait.append(wait_s)
+        p.compute.append(compute_s)
+        p.size.append(size)
+        events = self.fold()
+        return events[-1] if events else None
 
     def take_interval(self, now: float) -> tuple[Interval, tuple[StallEvent, ...]]:
         """Close the current interval at time ``now`` and start the next one.
