@@ -3,8 +3,8 @@
 :class:`stoker._autotune.Controller` is pure logic; this module measures what it needs once per
 interval (consumer wait and worker busy time from the iterator, CPU of the process tree and
 idle time of the usable cores from the OS, batch latencies, how much of the sampled batches'
-loading was spent blocked, free memory) and turns a decision
-into workers started or asked to retire (whichever is idle first takes the retire request).
+loading was spent blocked, free memory) and turns a decision into workers started or asked to
+retire (whichever is idle first takes the retire request).
 """
 
 from __future__ import annotations
@@ -127,12 +127,11 @@ class AutoScaler:
         self._latencies = []
         idle = idle_seconds()
         wall = now - t_last
-        busy = max(0.0, busy_s - busy_last)
         idle_cores = (idle - self._idle) / wall if idle is not None and self._idle else None
         obs = Observation(
             wall_s=wall,
             wait_s=max(0.0, wait_s - wait_last),
-            busy_s=busy,
+            busy_s=max(0.0, busy_s - busy_last),
             cpu_s=max(0.0, cpu - cpu_last) if cpu_last else None,
             workers=self.running(pool),
             cores=usable_cores(),
