@@ -319,7 +319,8 @@ class BlockingPipeline(OversubscribedPipeline):
             return base
         running = self.cores * wall * 0.9
         blocked = running * self.blocked / (1 - self.blocked)
-        return Observation(**{**base.__dict__, "blocked_s": blocked, "running_s": running})
+        sampled = {"blocked_s": blocked, "running_s": running, "sampled": workers}
+        return Observation(**{**base.__dict__, **sampled})
 
 
 def test_workers_blocked_in_their_samples_keep_the_oversubscription_that_covers_them():
@@ -332,3 +333,49 @@ def test_workers_blocked_in_their_samples_keep_the_oversubscription_that_covers_
     plain = BlockingPipeline(blocked, sampled=False)
     history = _drive(Controller(start=16, max_workers=16), plain, 40)
     assert min(history) < need, history
+
+
+class MisleadingPipeline(BlockingPipeline):
+    """A blocking pipeline whose delivered rate reads 30% lower at every count above the start,
+    as heavy-tailed batches do when a slow sample lands in a trial's window."""
+
+    def __init__(self, blocked: float, start: int) -> None:
+        super().__init__(blocked)
+        self.start = start
+
+    def interval(self, workers: int, wall: float = 0.2) -> Observation:
+        obs = super().interval(workers, wall)
+        if workers > self.start:
+            obs = Observation(**{**obs.__dict__, "batches": round(0.7 * obs.batches)})
+        return obs
+
+
+def test_blocked_workers_are_grown_straight_to_the_need_and_a_noisy_trial_keeps_them():
+    blocked = 0.5
+    need = workers_to_fill(2, blocked)
+    ctrl = Controller(start=1, max_workers=32)
+    history = _drive(ctrl, MisleadingPipeline(blocked, start=1), 30)
+    first = history.index(need) if need in history else None
+    assert first is not None and first <= 6, history  # by the model, not one worker at a time
+    assert min(history[first:]) >= need, history  # the "lower" rate does not take them back
+    assert any("blocked 50%" in d.reason for d in ctrl.history)
+
+
+def test_the_blocked_share_is_not_acted_on_before_enough_batches_were_sampled():
+    pipe = BlockingPipeline(0.5)
+    ctrl = Controller(start=2, max_workers=32)
+    obs = pipe.interval(2)
+    one = Observation(**{**obs.__dict__, "sampled": 1, "wait_s": 0.9 * obs.wall_s})
+    decision = ctrl.observe(one)  # the start-up burst interval: nothing measured yet
+    assert decision is None or "blocked" not in decision.reason
+    decision = ctrl.observe(one)
+    assert decision is None or "blocked" not in decision.reason
+
+
+def test_a_shrink_is_judged_against_a_measured_rate_not_the_start_up_burst():
+    pipe = OversubscribedPipeline(best=2, cores=2)
+    ctrl = Controller(start=16, max_workers=16)
+    assert ctrl.observe(pipe.interval(16)) is None  # the burst interval only
+    decision = ctrl.observe(pipe.interval(16))
+    assert decision is not None and decision.workers == 8
+    assert ctrl._trial is not None and ctrl._trial[2] == pipe.interval(16).batches / 0.2

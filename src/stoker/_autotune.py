@@ -54,8 +54,10 @@ EVAL_INTERVALS = 6
 # Workers that block inside their samples (sleep, storage, a lock) leave cores idle unless
 # there are more workers than cores: enough that the cores stay busy this share of the time.
 FILL_TARGET = 0.97
-# Weight of the previous intervals in the blocked share (per interval).
+# Weight of the previous intervals in the blocked share (per interval), and the sampled
+# batches (decayed alike) it needs before the controller acts on it.
 BLOCKED_DECAY = 0.9
+BLOCKED_MIN_BATCHES = 4
 # Intervals after a change (or the start) left out of the rate at the new count: workers that
 # started together deliver their first batches together, a burst that is not their pace.
 BURST_INTERVALS = 1
@@ -84,6 +86,7 @@ class Observation:
             neither running nor waiting for a core (asleep on storage, a network, a lock);
             None if no batch was sampled.
         running_s: over the same batches, the loading time spent on a core.
+        sampled: how many batches ``blocked_s`` and ``running_s`` cover.
     """
 
     wall_s: float
@@ -100,6 +103,7 @@ class Observation:
     idle_cores: float | None = None
     blocked_s: float | None = None
     running_s: float | None = None
+    sampled: int = 0
 
 
 def workers_to_fill(cores: int, blocked: float, cap: int = 256) -> int:
@@ -174,7 +178,8 @@ class Controller:
         self._floor: int | None = None  # a count below which shrinking did not pay
         self._floor_age = 0
         self._floor_life = PLATEAU_INTERVALS // 2  # doubled by each shrink that fails
-        self._blocked = (0.0, 0.0)  # decaying sums of blocked and running worker seconds
+        # Decaying sums of blocked and running worker seconds, and of sampled batches.
+        self._blocked = (0.0, 0.0, 0.0)
         self._lower_wants: list[int] = []  # prefetch depths wanted below the current one
         # Batches and seconds observed at the current worker count (its rate).
         self._here = (0, 0.0, 0)  # batches, wall seconds, intervals
@@ -192,7 +197,10 @@ class Controller:
         if obs.idle_cores is not None:  # other processes use cores too
             headroom = min(headroom, obs.idle_cores)
         cpu_per_worker = cpu_used / obs.workers
-        blocked = self._blocked_share(obs)
+        need, blocked = self._fill_need(obs)
+        # Workers blocked inside their samples need this many to keep the cores busy: no
+        # judgement on a noisy rate takes the pool below it.
+        keep = min(obs.workers, need) if need is not None else 0
         self._cooldown = max(0, self._cooldown - 1)
         self._age_limits()
         self._since_change += 1
@@ -201,9 +209,12 @@ class Controller:
             self._here = (batches + obs.batches, wall + obs.wall_s, intervals + 1)
         elif self._trial is not None:
             return self._decide(obs, obs.workers, "")
-        rate = self._here[0] / self._here[1] if self._here[1] > 0 else obs.batches / obs.wall_s
+        measured = self._here[2] > 0  # the rate at this count, past its start-up burst
+        rate = self._here[0] / self._here[1] if measured else obs.batches / obs.wall_s
         workers, reason = obs.workers, ""
         gained: float | None = None
+        if self._trial is not None and keep == obs.workers and self._trial[0] == "grow":
+            self._trial = None  # growth the blocked share calls for needs no judging
         if self._trial is not None:
             if self._here[0] < EVAL_BATCHES and self._here[2] < EVAL_INTERVALS:
                 return self._decide(obs, workers, reason)  # not enough evidence yet
@@ -224,24 +235,26 @@ class Controller:
                         f"{obs.workers} -> {before_workers} workers",
                     )
                 # As fast with fewer: growing back past this count would not pay either.
-                self._plateau, self._plateau_age = obs.workers, 0
+                self._plateau, self._plateau_age = max(obs.workers, need or 0), 0
                 gained = None
             elif gained is not None and gained >= MIN_GAIN:
                 # Growth paid: shrinking below this count is not tried for a while.
                 self._floor, self._floor_age = obs.workers, 0
             elif gained is not None:
-                self._plateau, self._plateau_age = obs.workers, 0
-                if gained < -MIN_GAIN and headroom < MIN_HEADROOM:
-                    # The cores are saturated and the added workers slowed loading down
-                    # (they take CPU from the consumer, or from each other): take them back.
-                    revert = max(self.min_workers, before_workers)
+                self._plateau, self._plateau_age = max(obs.workers, need or 0), 0
+                revert = max(self.min_workers, before_workers, keep)
+                if revert < obs.workers:
+                    # The added workers did not raise the rate (the cores are saturated, or
+                    # something else limits loading): take them back, they cost memory and
+                    # lengthen every pass's first wave.
                     self._plateau = revert
                     self._calm = 0
                     self._cooldown = COOLDOWN_INTERVALS
+                    effect = "lowered" if gained < -MIN_GAIN else "did not raise"
                     return self._decide(
                         obs,
                         revert,
-                        f"adding workers lowered the rate ({gained:+.0%}) with no CPU free: "
+                        f"adding workers {effect} the rate ({gained:+.0%}): "
                         f"{obs.workers} -> {revert} workers",
                     )
         can_grow = (
@@ -250,19 +263,18 @@ class Controller:
             and self._cooldown == 0
             and (self._plateau is None or obs.workers < self._plateau)
         )
-        shrink_to = max(obs.cores, self.min_workers, self._floor or 0, obs.workers // 2)
-        if blocked > 0:
-            # Oversubscription that covers workers blocked inside their samples is kept.
-            shrink_to = max(shrink_to, min(obs.workers, workers_to_fill(obs.cores, blocked)))
+        shrink_to = max(obs.cores, self.min_workers, self._floor or 0, obs.workers // 2, keep)
         if (
             self.shrink
             and headroom < MIN_HEADROOM
             and self._cooldown == 0
+            and measured
             and shrink_to < obs.workers
         ):
             # More workers than cores on saturated cores: they only take turns (and CPU from
             # the consumer). Halve them, and judge the rate (waiting workers show up as
-            # free cores instead, so I/O-bound pools are left alone).
+            # free cores instead, so I/O-bound pools are left alone; oversubscription that
+            # covers workers blocked inside their samples is kept).
             self._calm = 0
             self._trial = ("shrink", obs.workers, rate)
             self._cooldown = COOLDOWN_INTERVALS
@@ -275,17 +287,22 @@ class Controller:
             self._calm = 0
             step = 0
             why = ""
-            if headroom >= MIN_HEADROOM:
+            # Double at most, quadruple when the consumer mostly waits.
+            cap = obs.workers * (3 if wait > SEVERE else 1)
+            if need is not None and obs.workers < need:
+                # The cores idle while workers block: go straight to the count that fills them.
+                step = min(need - obs.workers, cap)
+                why = f"workers blocked {blocked:.0%} of their loading time"
+            elif headroom >= MIN_HEADROOM:
                 # How many more workers the free CPU feeds, at this per-worker CPU use; a
                 # worker that mostly waits (I/O) uses little, so this grows past the cores.
                 room = headroom / max(cpu_per_worker, 0.05)
-                # Double at most, quadruple when the consumer mostly waits.
-                cap = obs.workers * (3 if wait > SEVERE else 1)
                 step = max(1, min(math.ceil(room / 2), cap))
                 why = f"{headroom:.1f} cores free"
             elif gained is None or gained >= MIN_GAIN:
-                # Workers that mostly wait (I/O) cost little CPU: double them while it pays.
-                waits = cpu_per_worker < WAITING_WORKER_CPU
+                # Workers that mostly wait (I/O) cost little CPU: double them while it pays
+                # (unless their blocked share is known: then the need already covers it).
+                waits = cpu_per_worker < WAITING_WORKER_CPU and need is None
                 step = obs.workers if waits and gained else 1
                 why = "the last workers added raised the rate" if gained else "probing"
             if step:
@@ -311,21 +328,27 @@ class Controller:
             self._calm = 0
         return self._decide(obs, workers, reason)
 
-    def _blocked_share(self, obs: Observation) -> float:
-        """The share of their loading time that workers spend blocked, over recent intervals.
+    def _fill_need(self, obs: Observation) -> tuple[int | None, float]:
+        """The workers that keep the cores busy while workers block, and the blocked share.
 
-        Measured against the time loading would take on cores of their own (running plus
-        blocked; time queued for a core is what oversubscription adds), over the batches the
-        workers sampled, in decaying sums over about ``1 / (1 - BLOCKED_DECAY)`` intervals:
-        one interval holds few batches.
+        The share is the part of their loading time that workers spend blocked, measured
+        against the time loading would take on cores of their own (running plus blocked; time
+        queued for a core is what oversubscription adds), over the batches the workers
+        sampled, in decaying sums over about ``1 / (1 - BLOCKED_DECAY)`` intervals: one
+        interval holds few batches. The need is :func:`workers_to_fill` for that share, or
+        None while fewer than :data:`BLOCKED_MIN_BATCHES` (decayed) were sampled or none
+        blocked.
         """
-        blocked, running = self._blocked
-        if obs.blocked_s is None or obs.running_s is None:
-            return blocked / (blocked + running) if blocked + running > 0 else 0.0
-        blocked = BLOCKED_DECAY * blocked + obs.blocked_s
-        running = BLOCKED_DECAY * running + obs.running_s
-        self._blocked = (blocked, running)
-        return blocked / (blocked + running) if blocked + running > 0 else 0.0
+        blocked, running, count = self._blocked
+        if obs.blocked_s is not None and obs.running_s is not None:
+            blocked = BLOCKED_DECAY * blocked + obs.blocked_s
+            running = BLOCKED_DECAY * running + obs.running_s
+            count = BLOCKED_DECAY * count + max(1, obs.sampled)
+            self._blocked = (blocked, running, count)
+        if count < BLOCKED_MIN_BATCHES or blocked <= 0:
+            return None, 0.0
+        share = blocked / (blocked + running)
+        return workers_to_fill(obs.cores, share, cap=self.max_workers), share
 
     def _age_limits(self) -> None:
         """Forget a plateau or a floor after PLATEAU_INTERVALS: the load may have changed."""

@@ -62,7 +62,8 @@ class AutoScaler:
         self._latencies: list[float] = []
         self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
         self._procs: dict[int, psutil.Process] = {}
-        self._blocked: tuple[float, float] | None = None  # sampled batches: running, blocked
+        # Sampled batches: running and blocked seconds, and how many.
+        self._blocked: tuple[float, float, int] | None = None
         self.retiring = 0  # retire requests not yet answered
         self._was_retiring = False
 
@@ -72,8 +73,8 @@ class AutoScaler:
 
     def record_blocked(self, running_s: float, blocked_s: float) -> None:
         """A sampled batch's fetch ran ``running_s`` on a core and was blocked ``blocked_s``."""
-        running, blocked = self._blocked or (0.0, 0.0)
-        self._blocked = (running + running_s, blocked + blocked_s)
+        running, blocked, count = self._blocked or (0.0, 0.0, 0)
+        self._blocked = (running + running_s, blocked + blocked_s, count + 1)
 
     def retired(self) -> None:
         """A worker answered a retire request."""
@@ -144,6 +145,7 @@ class AutoScaler:
             idle_cores=idle_cores,
             blocked_s=sampled[1] if sampled is not None else None,
             running_s=sampled[0] if sampled is not None else None,
+            sampled=sampled[2] if sampled is not None else 0,
         )
         self._idle = idle
         self._was_retiring = self.retiring > 0
