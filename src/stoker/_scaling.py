@@ -76,6 +76,12 @@ class AutoScaler:
         running, blocked, count = self._blocked or (0.0, 0.0, 0)
         self._blocked = (running + running_s, blocked + blocked_s, count + 1)
 
+    def hurry(self) -> None:
+        """Let the next delivered batch run a control step, however soon (``stoker tune``
+        applies a schedule this way instead of waiting out the interval)."""
+        t_last, *rest = self._last
+        self._last = (t_last - CONTROL_INTERVAL_S, *rest)  # type: ignore[assignment]
+
     def retired(self) -> None:
         """A worker answered a retire request."""
         self.retiring = max(0, self.retiring - 1)

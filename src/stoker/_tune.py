@@ -6,10 +6,11 @@ one measurement rules out:
 
 1. **backend**: the ``backend="auto"`` probe (about a second, in a forked child) measures
    whether loading waits or computes and whether threads run it in parallel;
-2. **workers**: successive halving over worker counts (0, that is loading in the main
-   process, to 4 x the usable cores) with that backend: every count runs briefly, the faster
-   half survives and runs twice as long, until one is left or the time budget is spent;
-3. **prefetch** (and pinning): the winning count with each ``prefetch_factor`` (and
+2. **workers**: loading in the main process, then a climb through worker counts (1 to 4 x the
+   usable cores) with that backend, all in one loader resized between short windows (see
+   :mod:`stoker._tune_measure`); the climb stops once counts past the one that keeps the
+   cores busy gain nothing. The best two run twice as long and the faster survives;
+3. **prefetch** (and pinning): the winning count with each other ``prefetch_factor`` (and
    ``pin_memory`` setting), measured as long as the last round.
 
 A given ``space`` is searched by plain successive halving instead. The winner is compared with
@@ -19,28 +20,29 @@ torch's DataLoader defaults measured in the same run and written to ``stoker.tom
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.utils.data as tud
 
 from stoker._config import write_config
 from stoker._platform import usable_cores
+from stoker._tune_measure import WorkerSession, measure
 from stoker.errors import ConfigError
 
-__all__ = ["Candidate", "TuneResult", "candidates", "tune"]
+__all__ = ["Candidate", "TuneResult", "candidates", "measure", "tune"]
 
 # Seconds of the first round per candidate; each later round doubles it.
 FIRST_ROUND_S = 0.6
-# Batches loaded (and not timed) before a candidate's clock starts, besides its prefetch depth
-# (workers x prefetch_factor).
-WARMUP_BATCHES = 2
-_ENDLESS = 10**9
+# The first round climbs worker counts and stops after CLIMB_PATIENCE counts in a row that did
+# not beat the best so far by CLIMB_GAIN.
+CLIMB_GAIN = 0.05
+CLIMB_PATIENCE = 2
+# Counts from the climb measured again, twice as long, before the prefetch round.
+CLIMB_SURVIVORS = 2
 
 
 @dataclass(frozen=True)
@@ -120,58 +122,6 @@ def candidates(cores: int, device: str | None = None) -> list[Candidate]:
     ]
 
 
-def _loader(dataset: Any, batch_size: int, cand: Candidate | None, seed: int) -> Any:
-    from stoker.loader import DataLoader
-
-    sampler = tud.RandomSampler(
-        dataset,
-        replacement=True,
-        num_samples=_ENDLESS,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    if cand is None:  # torch's defaults
-        return tud.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    if cand.num_workers == 0:
-        return DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, pin_memory=cand.pin_memory
-        )
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=cand.num_workers,
-        prefetch_factor=cand.prefetch_factor,
-        pin_memory=cand.pin_memory,
-        backend=cand.backend,  # type: ignore[arg-type]
-    )
-
-
-def measure(dataset: Any, batch_size: int, cand: Candidate | None, seconds: float) -> float:
-    """Samples per second of one configuration over ``seconds`` (after a short warm-up)."""
-    from stoker.bench._workloads import consume
-
-    loader = _loader(dataset, batch_size, cand, seed=0)
-    it = iter(loader)
-    try:
-        # Drain what the workers prefetched while starting: a short timed window that began
-        # with a full buffer would credit a deep prefetch with batches it made beforehand.
-        ahead = cand.num_workers * cand.prefetch_factor if cand else 0
-        for _ in range(WARMUP_BATCHES + ahead):
-            consume(next(it))
-        samples = 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            samples += consume(next(it))
-        return samples / (time.perf_counter() - t0)
-    finally:
-        del it
-        shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown", None)
-        if callable(shutdown):
-            shutdown()
-        del loader
-        gc.collect()
-
-
 def tune(
     dataset: Any,
     batch_size: int,
@@ -211,13 +161,61 @@ def tune(
     notes: list[str] = []
     rounds: list[tuple[float, list[tuple[Candidate, float]]]] = []
 
-    def measure_all(alive: list[Candidate], run_s: float) -> list[tuple[Candidate, float]]:
-        scored = []
-        for cand in alive:
-            rate = measure(dataset, batch_size, cand, run_s)
+    # The probed backend's worker counts run in one loader, started when first needed (so
+    # that its workers do not load beside a measurement in the main process).
+    session: WorkerSession | None = None
+    session_backend: str | None = None
+
+    def rate_of(cand: Candidate, run_s: float) -> float:
+        nonlocal session
+        if cand.num_workers and cand.backend == session_backend and not cand.pin_memory:
+            if session is None:
+                session = WorkerSession(
+                    dataset, batch_size, cand.backend, cand.num_workers, cand.prefetch_factor
+                )
+            return session.rate(cand.num_workers, cand.prefetch_factor, run_s)
+        return measure(dataset, batch_size, cand, run_s)
+
+    def measure_all(
+        alive: list[Candidate], run_s: float, known: list[tuple[Candidate, float]] | None = None
+    ) -> list[tuple[Candidate, float]]:
+        scored = list(known or [])
+        # In worker order, from the end nearer the session's count: each move then starts or
+        # retires as few workers as it can.
+        order = sorted(alive, key=lambda c: (c.num_workers, c.prefetch_factor))
+        if session is not None and len(order) > 1:
+            low, high = order[0].num_workers, order[-1].num_workers
+            if abs(session.workers - high) < abs(session.workers - low):
+                order.reverse()
+        for cand in order:
+            rate = rate_of(cand, run_s)
             scored.append((cand, rate))
             if report is not None:
                 report(f"{cand.label}: {rate:,.0f} samples/s ({run_s:.1f} s)")
+        scored.sort(key=lambda cr: cr[1], reverse=True)
+        rounds.append((run_s, scored))
+        return scored
+
+    def climb(space: list[Candidate], run_s: float) -> list[tuple[Candidate, float]]:
+        # Worker counts in rising order, until CLIMB_PATIENCE in a row gained nothing at or
+        # past the count that keeps the cores busy (by the blocked share the workers
+        # measured): beyond it, more workers only take turns. Short windows on heavy-tailed
+        # loading gain nothing by chance, so the climb goes on until that count.
+        scored, best, misses = [], 0.0, 0
+        for cand in sorted(space, key=lambda c: c.num_workers):
+            rate = rate_of(cand, run_s)
+            scored.append((cand, rate))
+            if report is not None:
+                report(f"{cand.label}: {rate:,.0f} samples/s ({run_s:.1f} s)")
+            if cand.num_workers == 0:
+                continue  # the main process is not a step of the climb
+            if rate >= best * (1 + CLIMB_GAIN):
+                best, misses = max(best, rate), 0
+            else:
+                best, misses = max(best, rate), misses + 1
+                need = session.fill_need() if session is not None else None
+                if misses >= CLIMB_PATIENCE and need is not None and cand.num_workers >= need:
+                    break
         scored.sort(key=lambda cr: cr[1], reverse=True)
         rounds.append((run_s, scored))
         return scored
@@ -237,32 +235,44 @@ def tune(
         notes.append(f"backend={backend}: {why}")
         if report is not None:
             report(f"backend probe: {backend} ({why})")
-        space = [Candidate("process", 0, 2)] + [
-            Candidate(backend, n, PREFETCH[0]) for n in worker_counts(usable_cores())
-        ]
+        counts = worker_counts(usable_cores())
+        space = [Candidate("process", 0, 2)] + [Candidate(backend, n, PREFETCH[0]) for n in counts]
         finals = [
             (pf, pin)
             for pf in PREFETCH
             for pin in _pins(device)
             if (pf, pin) != (PREFETCH[0], False)
         ]
+        session_backend = backend
     else:
         finals = []
-    alive = list(space)
-    run_s = FIRST_ROUND_S
-    scored = measure_all(alive, run_s)
-    while len(scored) > 1:
-        alive = [c for c, _ in scored[: max(1, len(scored) // 2)]]
-        if len(alive) == 1 or not fits(2 * run_s, len(alive)):
-            break
-        run_s *= 2
-        scored = measure_all(alive, run_s)
-    if finals and scored[0][0].num_workers > 0 and fits(run_s, len(finals) + 1):
-        top = scored[0][0]
-        variants = [top] + [Candidate(top.backend, top.num_workers, pf, pin) for pf, pin in finals]
-        scored = measure_all(variants, run_s)
+    try:
+        run_s = FIRST_ROUND_S
+        if session_backend is not None:
+            scored = climb(space, run_s)
+        else:
+            scored = measure_all(list(space), run_s)
+        while len(scored) > 1:
+            keep = len(scored) // 2
+            if session_backend is not None and len(rounds) == 1:
+                keep = min(keep, CLIMB_SURVIVORS)  # the climb already ranked the counts
+            alive = [c for c, _ in scored[: max(1, keep)]]
+            if len(alive) == 1 or not fits(2 * run_s, len(alive)):
+                break
+            run_s *= 2
+            scored = measure_all(alive, run_s)
+        if finals and scored[0][0].num_workers > 0 and fits(run_s, len(finals) + 1):
+            # The winner's rate from the last round stands (measured as long).
+            top = scored[0]
+            variants = [
+                Candidate(top[0].backend, top[0].num_workers, pf, pin) for pf, pin in finals
+            ]
+            scored = measure_all(variants, run_s, [top])
+    finally:
+        if session is not None:
+            session.close()
     best, best_rate = scored[0]
-    baseline = measure(dataset, batch_size, None, run_s)
+    baseline = measure(dataset, batch_size, None, FIRST_ROUND_S)
     if report is not None:
         report(f"torch defaults: {baseline:,.0f} samples/s")
     result = TuneResult(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.data import Dataset
 
@@ -12,6 +14,20 @@ class Squares(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.full((16,), float(i * i))
+
+
+class Sleepy(Dataset):
+    """Samples that sleep 9 ms and compute about 1 ms: workers are blocked most of the time."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.009)
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        return torch.full((4,), float(i))
 
 
 def make_dataset() -> Squares:
