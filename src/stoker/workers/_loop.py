@@ -127,6 +127,10 @@ class _BlockedSampler:
 
     Blocked is the fetch's wall time less its time on a core and its time queued for one, so
     a worker that only waits for a share of the CPU (an oversubscribed pool) is not blocked.
+    Time on a core comes from the thread's CPU clock: the kernel's schedstat brings the
+    running time up to date only at ticks and switches, so a fetch shorter than a few ticks
+    would read as blocked. Time queued comes from schedstat: it is brought up to date when the
+    thread gets a core, and the thread is on one at both ends of the fetch.
     """
 
     def __init__(self) -> None:
@@ -143,7 +147,7 @@ class _BlockedSampler:
             self._works = False  # not Linux, or no schedstat: never again
             return None
         self._next = now + BLOCKED_SAMPLE_S
-        return now, sched[0], sched[1]
+        return time.perf_counter(), time.thread_time(), sched[1]
 
     def finish(self, mark: tuple[float, float, float] | None) -> tuple[float, float] | None:
         """``(running, blocked)`` seconds since ``mark``, or ``None``."""
@@ -152,9 +156,9 @@ class _BlockedSampler:
         sched = thread_sched_seconds()
         if sched is None:
             return None
+        running = time.thread_time() - mark[1]
         wall = time.perf_counter() - mark[0]
-        running, queued = sched[0] - mark[1], sched[1] - mark[2]
-        return running, max(0.0, wall - running - queued)
+        return running, max(0.0, wall - running - (sched[1] - mark[2]))
 
 
 class _Worker:
