@@ -400,3 +400,24 @@ def test_the_blocked_sampler_reads_short_cpu_work_as_running_and_sleep_as_blocke
     time.sleep(0.02)
     running, blocked = sampler.finish(mark)
     assert blocked >= 0.015 and running < 0.005
+
+
+def test_a_measured_share_shrinks_an_oversubscribed_pool_straight_to_the_need_unjudged():
+    # CPU-bound (nothing blocked, sampled): 16 -> 2 in one step, where unsampled it halves.
+    pipe = BlockingPipeline(0.0)
+    ctrl = Controller(start=16, max_workers=16)
+    history = _drive(ctrl, pipe, 12)
+    assert 8 not in history and history[-1] == 2, history
+    assert ctrl.history[0].workers == 2 and "blocked 0%" in ctrl.history[0].reason
+
+    # A shrink the share calls for is no trial: a rate that reads 30% lower below the start
+    # does not bring the workers back.
+    class Lower(BlockingPipeline):
+        def interval(self, workers: int, wall: float = 0.2) -> Observation:
+            obs = super().interval(workers, wall)
+            if workers < 16:
+                obs = Observation(**{**obs.__dict__, "batches": round(0.7 * obs.batches)})
+            return obs
+
+    history = _drive(Controller(start=16, max_workers=16), Lower(0.0), 40)
+    assert history[-30:] == [2] * 30, history

@@ -4,13 +4,14 @@ Pure logic: it is fed one :class:`Observation` per interval and answers with the
 and prefetch depth to use next. It adds workers while the consumer waits for data and CPU is
 free (a worker that mostly waits, on storage or a network, costs little CPU, so I/O-bound
 loading grows past the core count), removes one when workers sit idle and the consumer does
-not wait, halves an oversubscribed pool (more workers than cores on saturated cores, as when
-started from 16 on a small machine) but never below the count that keeps the cores busy while
-workers block inside their samples (see :func:`workers_to_fill`), and sizes the prefetch depth
-to absorb the spread of batch latencies. A change of the worker count is a trial: it is judged
-on the delivered rate over at least :data:`EVAL_BATCHES` batches against the rate before it,
-and taken back when it cost more than :data:`MIN_GAIN`. Changes never alter what is delivered:
-dispatch is by batch index.
+not wait, shrinks an oversubscribed pool (more workers than cores on saturated cores, as when
+started from 16 on a small machine) straight to the count that keeps the cores busy while
+workers block inside their samples (see :func:`workers_to_fill`; by halves while that share is
+unmeasured), and sizes the prefetch depth to absorb the spread of batch latencies. A change of
+the worker count that the blocked share does not call for is a trial: it is judged on the
+delivered rate over at least :data:`EVAL_BATCHES` batches against the rate before it, and taken
+back when it cost more than :data:`MIN_GAIN`. Changes never alter what is delivered: dispatch
+is by batch index.
 """
 
 from __future__ import annotations
@@ -263,7 +264,15 @@ class Controller:
             and self._cooldown == 0
             and (self._plateau is None or obs.workers < self._plateau)
         )
-        shrink_to = max(obs.cores, self.min_workers, self._floor or 0, obs.workers // 2, keep)
+        # With the blocked share measured, the pool shrinks straight to the count that fills
+        # the cores (zero blocked: one worker per core); without it, by halves.
+        fill = need if need is not None else (obs.cores if self._sampled_enough() else None)
+        shrink_to = max(
+            obs.cores,
+            self.min_workers,
+            self._floor or 0,
+            fill if fill is not None else obs.workers // 2,
+        )
         if (
             self.shrink
             and headroom < MIN_HEADROOM
@@ -272,15 +281,18 @@ class Controller:
             and shrink_to < obs.workers
         ):
             # More workers than cores on saturated cores: they only take turns (and CPU from
-            # the consumer). Halve them, and judge the rate (waiting workers show up as
-            # free cores instead, so I/O-bound pools are left alone; oversubscription that
-            # covers workers blocked inside their samples is kept).
+            # the consumer). Waiting workers show up as free cores instead, so I/O-bound pools
+            # are left alone, and oversubscription that covers workers blocked inside their
+            # samples is kept. A shrink to the measured need is not judged (the removed
+            # workers only queued for the cores; idle cores would call them back); a halving
+            # is, on the rate.
             self._calm = 0
-            self._trial = ("shrink", obs.workers, rate)
+            self._trial = ("shrink", obs.workers, rate) if fill is None else None
             self._cooldown = COOLDOWN_INTERVALS
             workers = shrink_to
+            why = f", workers blocked {blocked:.0%} of their loading time" if fill else ""
             reason = (
-                f"{obs.workers} workers on {obs.cores} saturated cores: "
+                f"{obs.workers} workers on {obs.cores} saturated cores{why}: "
                 f"{obs.workers} -> {workers} workers"
             )
         elif wait > STARVED and can_grow:
@@ -345,10 +357,14 @@ class Controller:
             running = BLOCKED_DECAY * running + obs.running_s
             count = BLOCKED_DECAY * count + max(1, obs.sampled)
             self._blocked = (blocked, running, count)
-        if count < BLOCKED_MIN_BATCHES or blocked <= 0:
+        if not self._sampled_enough() or blocked <= 0:
             return None, 0.0
         share = blocked / (blocked + running)
         return workers_to_fill(obs.cores, share, cap=self.max_workers), share
+
+    def _sampled_enough(self) -> bool:
+        """Whether enough batches were sampled for the blocked share to be acted on."""
+        return self._blocked[2] >= BLOCKED_MIN_BATCHES
 
     def _age_limits(self) -> None:
         """Forget a plateau or a floor after PLATEAU_INTERVALS: the load may have changed."""

@@ -166,7 +166,7 @@ class AutoScaler:
         # sees the count actually running, and the controller decides from that.
         for _ in range(min(decision.workers - running, pool.room())):
             on_added(pool.add())
-        for _ in range(running - decision.workers):
-            pool.retire()
-            self.retiring += 1
+        if running > decision.workers:
+            pool.retire(running - decision.workers)
+            self.retiring += running - decision.workers
         return decision

@@ -620,3 +620,45 @@ def test_a_worker_retiring_with_batches_in_flight_loses_none_and_leaks_nothing()
     assert len(pool.retired) == 1
     del it, got
     gc.collect()
+
+
+class _SlowItems(tud.Dataset):
+    """Each sample takes 0.3 s: workers stay busy while the test looks at the task queue."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.3)
+        return i
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_retire_requests_go_ahead_of_queued_tasks(backend: str) -> None:
+    """Behind queued tasks, a retiring worker would first load every batch already queued
+    (seconds on an oversubscribed pool) while the controller waits for it to leave."""
+    import stoker
+    from stoker.workers._loop import RETIRE
+
+    loader = stoker.DataLoader(
+        _SlowItems(), batch_size=1, num_workers=2, prefetch_factor=4, backend=backend
+    )
+    it = iter(loader)
+    pool = it._pool
+    time.sleep(0.1)  # both workers busy with a sample; six tasks queued
+    pool.retire(1)
+    if backend == "process":
+        queued = pool.queue.drain()
+        for raw in queued:
+            pool.queue.put(raw)
+    else:
+        queued = []
+        while not pool.tasks.empty():
+            queued.append(pool.tasks.get_nowait())
+        for msg in queued:
+            pool.tasks.put(msg)
+    assert queued[0] == RETIRE and RETIRE not in queued[1:] and len(queued) >= 4, queued
+    assert [int(b) for b in it] == list(range(8))  # nothing lost, order kept
+    assert len(pool.retired) == 1
+    del it
+    gc.collect()

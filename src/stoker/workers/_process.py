@@ -202,9 +202,15 @@ class WorkerPool:
         self._start(worker_id)
         return worker_id
 
-    def retire(self) -> None:
-        """Ask whichever worker is idle first to exit (it answers with an ``R`` message)."""
-        self.queue.put(RETIRE)
+    def retire(self, count: int = 1) -> None:
+        """Ask the ``count`` workers that come free first to exit (each answers ``R``).
+
+        The requests go ahead of the queued tasks: behind them, retiring workers would first
+        load every batch already queued (on an oversubscribed pool, seconds of work).
+        """
+        queued = self.queue.drain()
+        for raw in [RETIRE] * count + queued:
+            self.queue.put(raw)
 
     def retired_worker(self, worker_id: int) -> None:
         """Record that ``worker_id`` left on request (its exit is not a death)."""

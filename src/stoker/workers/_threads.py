@@ -208,8 +208,14 @@ class ThreadPool:
         self._start(worker_id)
         return worker_id
 
-    def retire(self) -> None:
-        self.tasks.put(RETIRE)
+    def retire(self, count: int = 1) -> None:
+        """Ask the ``count`` threads that come free first to end, ahead of queued tasks."""
+        queued = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                queued.append(self.tasks.get_nowait())
+        for msg in [RETIRE] * count + queued:
+            self.tasks.put(msg)
 
     def retired_worker(self, worker_id: int) -> None:
         self.retired.add(worker_id)
