@@ -36,9 +36,11 @@ MIN_HEADROOM = 0.5
 MIN_GAIN = 0.03
 # A worker using less CPU than this (cores) mostly waits: growth by doubling is cheap.
 WAITING_WORKER_CPU = 0.3
-# Consecutive calm intervals before a worker is removed; intervals after a removal before
-# one may be added back (damps oscillation).
+# Consecutive calm intervals before a worker is removed, and consecutive oversubscribed ones
+# before a pool is shrunk; intervals after a removal before one may be added back (all damp
+# oscillation).
 CALM_INTERVALS = 3
+SHRINK_INTERVALS = 2
 COOLDOWN_INTERVALS = 2
 # A count found not to pay is not grown past again for this many intervals (then the
 # controller probes once more: the dataset or the machine may have changed).
@@ -88,6 +90,10 @@ class Observation:
             None if no batch was sampled.
         running_s: over the same batches, the loading time spent on a core.
         sampled: how many batches ``blocked_s`` and ``running_s`` cover.
+        consumer_cpu_s: CPU time the main process used (the training loop, and receiving
+            batches from process workers); None if unknown (thread workers share it).
+        limited: a start-up dispatch window, not the worker count, limited the batches in
+            flight (workers are not added then: the window grows first).
     """
 
     wall_s: float
@@ -105,9 +111,11 @@ class Observation:
     blocked_s: float | None = None
     running_s: float | None = None
     sampled: int = 0
+    limited: bool = False
+    consumer_cpu_s: float | None = None
 
 
-def workers_to_fill(cores: int, blocked: float, cap: int = 256) -> int:
+def workers_to_fill(cores: float, blocked: float, cap: int = 256) -> int:
     """The fewest workers that keep ``cores`` busy ``FILL_TARGET`` of the time.
 
     Each worker is taken to be blocked (inside a sample, off the CPU) a ``blocked`` share of
@@ -116,7 +124,7 @@ def workers_to_fill(cores: int, blocked: float, cap: int = 256) -> int:
     workers blocked 43% of the time need 7 for 2 cores (4 leave them idle 12% of the time).
 
     Args:
-        cores: usable cores.
+        cores: the cores loading may use (a fraction where the main process uses some).
         blocked: share of a worker's loading time spent blocked, in [0, 1].
         cap: the answer when no count up to it is enough.
     """
@@ -124,7 +132,7 @@ def workers_to_fill(cores: int, blocked: float, cap: int = 256) -> int:
     if blocked >= 1.0:
         return cap
     awake = 1.0 - blocked
-    for n in range(max(1, cores), cap + 1):
+    for n in range(max(1, math.ceil(cores - 1e-9)), cap + 1):
         done = sum(
             math.comb(n, k) * awake**k * blocked ** (n - k) * min(k, cores) for k in range(n + 1)
         )
@@ -172,6 +180,7 @@ class Controller:
         self.shrink = shrink
         self._calm = 0
         self._cooldown = 0
+        self._oversubscribed = 0  # consecutive intervals that called for a shrink
         # The trial being judged: (kind "grow"/"shrink", workers before, rate before).
         self._trial: tuple[str, int, float] | None = None
         self._plateau: int | None = None  # a count past which growth did not pay
@@ -181,6 +190,7 @@ class Controller:
         self._floor_life = PLATEAU_INTERVALS // 2  # doubled by each shrink that fails
         # Decaying sums of blocked and running worker seconds, and of sampled batches.
         self._blocked = (0.0, 0.0, 0.0)
+        self._consumer = (0.0, 0.0)  # decaying sums of the main process's CPU and wall time
         self._lower_wants: list[int] = []  # prefetch depths wanted below the current one
         # Batches and seconds observed at the current worker count (its rate).
         self._here = (0, 0.0, 0)  # batches, wall seconds, intervals
@@ -259,7 +269,8 @@ class Controller:
                         f"{obs.workers} -> {revert} workers",
                     )
         can_grow = (
-            obs.workers < self.max_workers
+            not obs.limited  # the dispatch window, not the worker count, limits loading
+            and obs.workers < self.max_workers
             and obs.memory_ok
             and self._cooldown == 0
             and (self._plateau is None or obs.workers < self._plateau)
@@ -273,12 +284,21 @@ class Controller:
             self._floor or 0,
             fill if fill is not None else obs.workers // 2,
         )
-        if (
+        oversubscribed = (
             self.shrink
             and headroom < MIN_HEADROOM
+            and shrink_to < obs.workers
+            # during a slow start, wait for the share rather than halve: few workers load
+            and (fill is not None or not obs.limited)
+        )
+        # Seen in consecutive intervals: a share that wavers around a count does not take a
+        # worker away and bring it back (each costs a start and a first batch).
+        self._oversubscribed = self._oversubscribed + 1 if oversubscribed else 0
+        if (
+            oversubscribed
+            and self._oversubscribed >= SHRINK_INTERVALS
             and self._cooldown == 0
             and measured
-            and shrink_to < obs.workers
         ):
             # More workers than cores on saturated cores: they only take turns (and CPU from
             # the consumer). Waiting workers show up as free cores instead, so I/O-bound pools
@@ -311,10 +331,11 @@ class Controller:
                 room = headroom / max(cpu_per_worker, 0.05)
                 step = max(1, min(math.ceil(room / 2), cap))
                 why = f"{headroom:.1f} cores free"
-            elif gained is None or gained >= MIN_GAIN:
-                # Workers that mostly wait (I/O) cost little CPU: double them while it pays
-                # (unless their blocked share is known: then the need already covers it).
-                waits = cpu_per_worker < WAITING_WORKER_CPU and need is None
+            elif fill is None and (gained is None or gained >= MIN_GAIN):
+                # Saturated cores, and the blocked share unknown: probe one more worker (with
+                # the share known, workers past the need would only queue for the cores).
+                # Workers that mostly wait (I/O) cost little CPU: double them while it pays.
+                waits = cpu_per_worker < WAITING_WORKER_CPU
                 step = obs.workers if waits and gained else 1
                 why = "the last workers added raised the rate" if gained else "probing"
             if step:
@@ -357,10 +378,24 @@ class Controller:
             running = BLOCKED_DECAY * running + obs.running_s
             count = BLOCKED_DECAY * count + max(1, obs.sampled)
             self._blocked = (blocked, running, count)
+        if obs.consumer_cpu_s is not None:
+            used, wall = self._consumer
+            self._consumer = (
+                BLOCKED_DECAY * used + obs.consumer_cpu_s,
+                BLOCKED_DECAY * wall + obs.wall_s,
+            )
         if not self._sampled_enough() or blocked <= 0:
             return None, 0.0
         share = blocked / (blocked + running)
-        return workers_to_fill(obs.cores, share, cap=self.max_workers), share
+        return workers_to_fill(self._loading_cores(obs), share, cap=self.max_workers), share
+
+    def _loading_cores(self, obs: Observation) -> float:
+        """The cores the main process leaves to loading (at least one), decayed as the
+        blocked share is: the workers fill those, not the ones the training loop runs on."""
+        used, wall = self._consumer
+        if wall <= 0:
+            return float(obs.cores)
+        return max(1.0, obs.cores - used / wall)
 
     def _sampled_enough(self) -> bool:
         """Whether enough batches were sampled for the blocked share to be acted on."""

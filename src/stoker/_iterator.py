@@ -162,6 +162,7 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
                 shrink=self._backend == "process",
             )
             self._scaler = AutoScaler(controller, self._backend)
+            self._scaler.slow_start(n)
         if self._backend == "thread":
             self._pool = ThreadPool(specs, payload, capacity=capacity)
         else:
@@ -283,6 +284,12 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         book = self._book
         delivered = self._state.delivered if self._state is not None else ()
         limit = self._prefetch * len(pool.active)
+        scaler = self._scaler
+        if scaler is not None and scaler.window is not None:
+            if scaler.window >= limit:
+                scaler.window = None  # the slow start is over
+            else:
+                limit = scaler.window
         while not self._sampler_done and book.outstanding < limit:
             worker = None
             if self._iterable:

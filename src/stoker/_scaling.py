@@ -9,6 +9,7 @@ retire (whichever is idle first takes the retire request).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from stoker._autotune import Controller, Decision, Observation
+from stoker._autotune import MIN_HEADROOM, Controller, Decision, Observation
 from stoker._platform import usable_cores
 from stoker._recovery import worker_pid
 
@@ -28,6 +29,8 @@ CONTROL_INTERVAL_S = 0.2
 MAX_WORKERS_PER_CORE = {"process": 8, "thread": 16}
 MAX_AUTO_WORKERS = 64
 RAM_RESERVE_BYTES = 1 << 30
+# Control intervals after which a slow start's dispatch window is lifted whatever happened.
+SLOW_START_INTERVALS = 10
 
 
 def capacity_for(backend: str) -> int:
@@ -62,10 +65,30 @@ class AutoScaler:
         self._latencies: list[float] = []
         self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
         self._procs: dict[int, psutil.Process] = {}
+        self._main_cpu: float | None = None  # the main process's CPU seconds, last interval
         # Sampled batches: running and blocked seconds, and how many.
         self._blocked: tuple[float, float, int] | None = None
         self.retiring = 0  # retire requests not yet answered
         self._was_retiring = False
+        # Batches that may be in flight while the pool starts larger than the cores (see
+        # :meth:`slow_start`); None: no limit but the prefetch depth.
+        self.window: int | None = None
+        self._window_intervals = 0
+
+    def slow_start(self, workers: int) -> None:
+        """Start a pool of ``workers`` with one batch in flight per usable core when it has
+        more workers than cores.
+
+        Handed one batch each at once, more workers than cores share the cores and all
+        finish their first batch late together (16 on 2 cores: about 8 batch times before
+        the first arrives, seconds for decoding). The window at least doubles each control
+        interval in which cores sat idle (loading that waits), and is lifted once it covers
+        the prefetch depth, when the controller first changes the worker count (it then sized
+        the pool from measurements), or after :data:`SLOW_START_INTERVALS`.
+        """
+        cores = usable_cores()
+        self.window = cores if workers > cores else None
+        self._window_intervals = 0
 
     def record_latency(self, seconds: float) -> None:
         """A batch took ``seconds`` to load."""
@@ -89,12 +112,14 @@ class AutoScaler:
     def running(self, pool: Any) -> int:
         return len(pool.active) - self.retiring
 
-    def _cpu_seconds(self, pool: Any) -> float:
-        """CPU time of the main process and live workers (threads: the process)."""
+    def _cpu_seconds(self, pool: Any) -> tuple[float, float | None]:
+        """CPU time of the main process and live workers (threads: the process), and of the
+        main process alone (None with threads: it holds the workers too)."""
         pids = [os.getpid()]
         if self.backend == "process":
             pids += [p for i in pool.active if (p := worker_pid(pool.processes[i])) is not None]
         total = 0.0
+        main: float | None = None
         for pid in pids:
             proc = self._procs.get(pid)
             try:
@@ -104,7 +129,10 @@ class AutoScaler:
                 total += t.user + t.system
             except psutil.Error:
                 self._procs.pop(pid, None)
-        return total
+                continue
+            if pid == pids[0] and self.backend == "process":
+                main = t.user + t.system
+        return total, main
 
     def step(
         self,
@@ -128,7 +156,8 @@ class AutoScaler:
         t_last, wait_last, busy_last, cpu_last, batches_last = self._last
         if now - t_last < CONTROL_INTERVAL_S:
             return None
-        cpu = self._cpu_seconds(pool)
+        cpu, main_cpu = self._cpu_seconds(pool)
+        main_last, self._main_cpu = self._main_cpu, main_cpu
         sampled, self._blocked = self._blocked, None
         lat = sorted(self._latencies)
         self._latencies = []
@@ -140,6 +169,11 @@ class AutoScaler:
             wait_s=max(0.0, wait_s - wait_last),
             busy_s=max(0.0, busy_s - busy_last),
             cpu_s=max(0.0, cpu - cpu_last) if cpu_last else None,
+            consumer_cpu_s=(
+                max(0.0, main_cpu - main_last)
+                if main_cpu is not None and main_last is not None
+                else None
+            ),
             workers=self.running(pool),
             cores=usable_cores(),
             latency_p50_s=lat[len(lat) // 2] if lat else None,
@@ -152,11 +186,23 @@ class AutoScaler:
             blocked_s=sampled[1] if sampled is not None else None,
             running_s=sampled[0] if sampled is not None else None,
             sampled=sampled[2] if sampled is not None else 0,
+            limited=self.window is not None,
         )
         self._idle = idle
         self._was_retiring = self.retiring > 0
         self._last = (now, wait_s, busy_s, cpu, delivered)
         decision = self.controller.observe(obs)
+        if self.window is not None:
+            self._window_intervals += 1
+            if (
+                decision is not None and decision.workers != obs.workers
+            ) or self._window_intervals >= SLOW_START_INTERVALS:
+                self.window = None
+            elif idle_cores is not None and idle_cores >= MIN_HEADROOM:
+                # As many more batches as the idle cores would feed at the current use (at
+                # least double, at most eightfold): waiting loading opens up in a step or two.
+                used = max(obs.cores - idle_cores, obs.cores / 8)
+                self.window = math.ceil(self.window * min(8.0, max(2.0, obs.cores / used)))
         if decision is None:
             return None
         if decision.workers != obs.workers:
