@@ -61,6 +61,8 @@ FILL_TARGET = 0.97
 # batches (decayed alike) it needs before the controller acts on it.
 BLOCKED_DECAY = 0.9
 BLOCKED_MIN_BATCHES = 4
+# A blocked share that rose by more than this over a growth trial came from contention.
+SHARE_RISE = 0.1
 # Intervals after a change (or the start) left out of the rate at the new count: workers that
 # started together deliver their first batches together, a burst that is not their pace.
 BURST_INTERVALS = 1
@@ -182,7 +184,9 @@ class Controller:
         self._cooldown = 0
         self._oversubscribed = 0  # consecutive intervals that called for a shrink
         # The trial being judged: (kind "grow"/"shrink", workers before, rate before).
-        self._trial: tuple[str, int, float] | None = None
+        # The trial being judged: kind ("grow"/"shrink"), workers and rate before it, and the
+        # blocked share when it started.
+        self._trial: tuple[str, int, float, float | None] | None = None
         self._plateau: int | None = None  # a count past which growth did not pay
         self._plateau_age = 0
         self._floor: int | None = None  # a count below which shrinking did not pay
@@ -224,14 +228,29 @@ class Controller:
         rate = self._here[0] / self._here[1] if measured else obs.batches / obs.wall_s
         workers, reason = obs.workers, ""
         gained: float | None = None
-        if self._trial is not None and keep == obs.workers and self._trial[0] == "grow":
-            self._trial = None  # growth the blocked share calls for needs no judging
+        if (
+            self._trial is not None
+            and self._trial[0] == "grow"
+            and self._trial[3] is None
+            and keep == obs.workers
+        ):
+            # A probe made before the share was known, which the share now calls for.
+            self._trial = None
         if self._trial is not None:
             if self._here[0] < EVAL_BATCHES and self._here[2] < EVAL_INTERVALS:
                 return self._decide(obs, workers, reason)  # not enough evidence yet
-            kind, before_workers, before = self._trial
+            kind, before_workers, before, share_before = self._trial
             self._trial = None
+            # Blocking that grew with the workers is contention (for a lock, the memory
+            # system), not waits more workers cover: the share no longer vouches for them.
+            contended = (
+                blocked is not None
+                and share_before is not None
+                and blocked > share_before + SHARE_RISE
+            )
             gained = (rate - before) / before if before > 0 else None
+            if kind == "grow" and keep == obs.workers and not contended:
+                gained = None  # growth the blocked share calls for needs no judging
             if kind == "shrink":
                 if gained is not None and gained < -MIN_GAIN:
                     # Many workers that mostly wait (I/O) can saturate the cores too; try
@@ -253,7 +272,7 @@ class Controller:
                 self._floor, self._floor_age = obs.workers, 0
             elif gained is not None:
                 self._plateau, self._plateau_age = max(obs.workers, need or 0), 0
-                revert = max(self.min_workers, before_workers, keep)
+                revert = max(self.min_workers, before_workers, 0 if contended else keep)
                 if revert < obs.workers:
                     # The added workers did not raise the rate (the cores are saturated, or
                     # something else limits loading): take them back, they cost memory and
@@ -307,10 +326,10 @@ class Controller:
             # workers only queued for the cores; idle cores would call them back); a halving
             # is, on the rate.
             self._calm = 0
-            self._trial = ("shrink", obs.workers, rate) if fill is None else None
+            self._trial = ("shrink", obs.workers, rate, blocked) if fill is None else None
             self._cooldown = COOLDOWN_INTERVALS
             workers = shrink_to
-            why = f", workers blocked {blocked:.0%} of their loading time" if fill else ""
+            why = f", workers blocked {blocked or 0:.0%} of their loading time" if fill else ""
             reason = (
                 f"{obs.workers} workers on {obs.cores} saturated cores{why}: "
                 f"{obs.workers} -> {workers} workers"
@@ -324,7 +343,7 @@ class Controller:
             if need is not None and obs.workers < need:
                 # The cores idle while workers block: go straight to the count that fills them.
                 step = min(need - obs.workers, cap)
-                why = f"workers blocked {blocked:.0%} of their loading time"
+                why = f"workers blocked {blocked or 0:.0%} of their loading time"
             elif headroom >= MIN_HEADROOM:
                 # How many more workers the free CPU feeds, at this per-worker CPU use; a
                 # worker that mostly waits (I/O) uses little, so this grows past the cores.
@@ -340,7 +359,7 @@ class Controller:
                 why = "the last workers added raised the rate" if gained else "probing"
             if step:
                 workers = min(self.max_workers, obs.workers + step)
-                self._trial = ("grow", obs.workers, rate)
+                self._trial = ("grow", obs.workers, rate, blocked)
                 reason = (
                     f"consumer waited {wait:.0%} of the time ({why}): "
                     f"{obs.workers} -> {workers} workers"
@@ -361,7 +380,7 @@ class Controller:
             self._calm = 0
         return self._decide(obs, workers, reason)
 
-    def _fill_need(self, obs: Observation) -> tuple[int | None, float]:
+    def _fill_need(self, obs: Observation) -> tuple[int | None, float | None]:
         """The workers that keep the cores busy while workers block, and the blocked share.
 
         The share is the part of their loading time that workers spend blocked, measured
@@ -369,8 +388,8 @@ class Controller:
         queued for a core is what oversubscription adds), over the batches the workers
         sampled, in decaying sums over about ``1 / (1 - BLOCKED_DECAY)`` intervals: one
         interval holds few batches. The need is :func:`workers_to_fill` for that share, or
-        None while fewer than :data:`BLOCKED_MIN_BATCHES` (decayed) were sampled or none
-        blocked.
+        None while fewer than :data:`BLOCKED_MIN_BATCHES` (decayed) were sampled (the share
+        is None then too) or none blocked.
         """
         blocked, running, count = self._blocked
         if obs.blocked_s is not None and obs.running_s is not None:
@@ -384,7 +403,9 @@ class Controller:
                 BLOCKED_DECAY * used + obs.consumer_cpu_s,
                 BLOCKED_DECAY * wall + obs.wall_s,
             )
-        if not self._sampled_enough() or blocked <= 0:
+        if not self._sampled_enough():
+            return None, None
+        if blocked <= 0:
             return None, 0.0
         share = blocked / (blocked + running)
         return workers_to_fill(self._loading_cores(obs), share, cap=self.max_workers), share

@@ -662,3 +662,35 @@ def test_retire_requests_go_ahead_of_queued_tasks(backend: str) -> None:
     assert len(pool.retired) == 1
     del it
     gc.collect()
+
+
+class _Napping(tud.Dataset):
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.005)
+        return i
+
+
+def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(monkeypatch):
+    """All at once, 16 workers on 2 cores finish their first batches late together; a slow
+    start hands out one batch per core, then widens as cores sit idle, and lifts."""
+    import stoker
+    from stoker import _scaling
+    from stoker import loader as loader_module
+    from stoker._platform import usable_cores
+
+    cores = usable_cores()
+    monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 2)
+    monkeypatch.setattr(_scaling, "CONTROL_INTERVAL_S", 0.02)
+    monkeypatch.setattr(_scaling, "SLOW_START_INTERVALS", 3)
+    loader = stoker.DataLoader(_Napping(), batch_size=2, num_workers="auto", backend="process")
+    it = iter(loader)
+    scaler = it._scaler
+    assert scaler is not None and scaler.window == cores
+    assert it._book.outstanding == cores
+    assert [int(x) for b in it for x in b] == list(range(200))
+    assert scaler.window is None  # lifted: widened past the prefetch depth, or timed out
+    del it
+    gc.collect()
