@@ -384,27 +384,6 @@ def test_a_shrink_is_judged_against_a_measured_rate_not_the_start_up_burst():
     assert ctrl._trial is not None and ctrl._trial[2] == pipe.interval(16).batches / 0.2
 
 
-def test_the_blocked_sampler_reads_short_cpu_work_as_running_and_sleep_as_blocked():
-    import time
-
-    from stoker.workers._loop import _BlockedSampler
-
-    sampler = _BlockedSampler()
-    mark = sampler.start()
-    if mark is None:  # pragma: no cover - no schedstat (not Linux)
-        return
-    end = time.thread_time() + 0.0005  # shorter than a scheduler tick
-    while time.thread_time() < end:
-        pass
-    running, blocked = sampler.finish(mark)
-    assert running >= 0.0004 and blocked < running
-    sampler._next = 0.0
-    mark = sampler.start()
-    time.sleep(0.02)
-    running, blocked = sampler.finish(mark)
-    assert blocked >= 0.015 and running < 0.005
-
-
 def test_a_measured_share_shrinks_an_oversubscribed_pool_straight_to_the_need_unjudged():
     # CPU-bound (nothing blocked, sampled): 16 -> 2 in one step, where unsampled it halves.
     pipe = BlockingPipeline(0.0)

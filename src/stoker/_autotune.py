@@ -58,9 +58,9 @@ EVAL_INTERVALS = 6
 # there are more workers than cores: enough that the cores stay busy this share of the time.
 FILL_TARGET = 0.97
 # Weight of the previous intervals in the blocked share (per interval), and the sampled
-# batches (decayed alike) it needs before the controller acts on it.
+# spans of worker batches (decayed alike) it needs before the controller acts on it.
 BLOCKED_DECAY = 0.9
-BLOCKED_MIN_BATCHES = 4
+BLOCKED_MIN_SPANS = 4
 # A blocked share that rose by more than this over a growth trial came from contention.
 SHARE_RISE = 0.1
 # Intervals after a change (or the start) left out of the rate at the new count: workers that
@@ -87,11 +87,11 @@ class Observation:
             the interval is not used for a decision).
         idle_cores: idle CPU time of the usable cores over the interval, in cores (other
             processes on the machine count); None if unknown.
-        blocked_s: over the batches sampled during the interval, the loading time spent
-            neither running nor waiting for a core (asleep on storage, a network, a lock);
-            None if no batch was sampled.
-        running_s: over the same batches, the loading time spent on a core.
-        sampled: how many batches ``blocked_s`` and ``running_s`` cover.
+        blocked_s: over the spans of worker batches sampled during the interval, the loading
+            time spent neither running nor waiting for a core (asleep on storage, a network,
+            a lock); None if no span was sampled.
+        running_s: over the same spans, the loading time spent on a core.
+        sampled: how many spans ``blocked_s`` and ``running_s`` cover.
         consumer_cpu_s: CPU time the main process used (the training loop, and receiving
             batches from process workers); None if unknown (thread workers share it).
         limited: a start-up dispatch window, not the worker count, limited the batches in
@@ -192,7 +192,7 @@ class Controller:
         self._floor: int | None = None  # a count below which shrinking did not pay
         self._floor_age = 0
         self._floor_life = PLATEAU_INTERVALS // 2  # doubled by each shrink that fails
-        # Decaying sums of blocked and running worker seconds, and of sampled batches.
+        # Decaying sums of blocked and running worker seconds, and of sampled spans.
         self._blocked = (0.0, 0.0, 0.0)
         self._consumer = (0.0, 0.0)  # decaying sums of the main process's CPU and wall time
         self._lower_wants: list[int] = []  # prefetch depths wanted below the current one
@@ -385,10 +385,10 @@ class Controller:
 
         The share is the part of their loading time that workers spend blocked, measured
         against the time loading would take on cores of their own (running plus blocked; time
-        queued for a core is what oversubscription adds), over the batches the workers
-        sampled, in decaying sums over about ``1 / (1 - BLOCKED_DECAY)`` intervals: one
-        interval holds few batches. The need is :func:`workers_to_fill` for that share, or
-        None while fewer than :data:`BLOCKED_MIN_BATCHES` (decayed) were sampled (the share
+        queued for a core is what oversubscription adds), over the spans of batches the
+        workers sampled, in decaying sums over about ``1 / (1 - BLOCKED_DECAY)`` intervals:
+        one interval holds few spans. The need is :func:`workers_to_fill` for that share, or
+        None while fewer than :data:`BLOCKED_MIN_SPANS` (decayed) were sampled (the share
         is None then too) or none blocked.
         """
         blocked, running, count = self._blocked
@@ -419,8 +419,8 @@ class Controller:
         return max(1.0, obs.cores - used / wall)
 
     def _sampled_enough(self) -> bool:
-        """Whether enough batches were sampled for the blocked share to be acted on."""
-        return self._blocked[2] >= BLOCKED_MIN_BATCHES
+        """Whether enough spans were sampled for the blocked share to be acted on."""
+        return self._blocked[2] >= BLOCKED_MIN_SPANS
 
     def _age_limits(self) -> None:
         """Forget a plateau or a floor after PLATEAU_INTERVALS: the load may have changed."""

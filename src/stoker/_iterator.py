@@ -427,7 +427,7 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
                 # Map the slot now: its worker may leave (and its file go) before delivery.
                 msg = (*msg, self._slots.open(msg[5]))
             self._worker_batches[wid] += 1
-            busy, sampled = msg[4]  # sampled: None, or (running, blocked) seconds of its fetch
+            busy, sampled = msg[4]  # sampled: None, or (running, blocked) seconds of a span
             self._worker_busy[wid] += busy
             if self._scaler is not None:
                 self._scaler.record_latency(busy)

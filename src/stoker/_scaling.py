@@ -2,9 +2,9 @@
 
 :class:`stoker._autotune.Controller` is pure logic; this module measures what it needs once per
 interval (consumer wait and worker busy time from the iterator, CPU of the process tree and
-idle time of the usable cores from the OS, batch latencies, how much of the sampled batches'
-loading was spent blocked, free memory) and turns a decision into workers started or asked to
-retire (whichever is idle first takes the retire request).
+idle time of the usable cores from the OS, batch latencies, how much of the sampled spans of
+worker batches was spent blocked, free memory) and turns a decision into workers started or
+asked to retire (whichever is idle first takes the retire request).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class AutoScaler:
         self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
         self._procs: dict[int, psutil.Process] = {}
         self._main_cpu: float | None = None  # the main process's CPU seconds, last interval
-        # Sampled batches: running and blocked seconds, and how many.
+        # Sampled spans of worker batches: running and blocked seconds, and how many.
         self._blocked: tuple[float, float, int] | None = None
         self.retiring = 0  # retire requests not yet answered
         self._was_retiring = False
@@ -95,7 +95,8 @@ class AutoScaler:
         self._latencies.append(seconds)
 
     def record_blocked(self, running_s: float, blocked_s: float) -> None:
-        """A sampled batch's fetch ran ``running_s`` on a core and was blocked ``blocked_s``."""
+        """A sampled span of a worker's batches ran ``running_s`` on a core and was blocked
+        ``blocked_s``."""
         running, blocked, count = self._blocked or (0.0, 0.0, 0)
         self._blocked = (running + running_s, blocked + blocked_s, count + 1)
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
-from stoker._autotune import BLOCKED_MIN_BATCHES, Decision, Observation, workers_to_fill
+from stoker._autotune import BLOCKED_MIN_SPANS, Decision, Observation, workers_to_fill
 from stoker._platform import usable_cores
 
 __all__ = ["WARMUP_BATCHES", "WorkerSession", "measure"]
@@ -113,7 +113,7 @@ class _Schedule:
     def __init__(self, workers: int, prefetch: int) -> None:
         self.workers, self.prefetch = workers, prefetch
         self._prefetch_now = prefetch
-        self.blocked = (0.0, 0.0, 0)  # sampled batches: blocked and running seconds, count
+        self.blocked = (0.0, 0.0, 0)  # sampled spans: blocked and running seconds, count
 
     def observe(self, obs: Observation) -> Decision | None:
         if obs.blocked_s is not None and obs.running_s is not None:
@@ -192,9 +192,9 @@ class WorkerSession:
     def fill_need(self) -> int | None:
         """:func:`stoker._autotune.workers_to_fill` for the share of their loading time the
         workers spent blocked so far (process workers sample it), or None before
-        :data:`stoker._autotune.BLOCKED_MIN_BATCHES` batches were sampled."""
+        :data:`stoker._autotune.BLOCKED_MIN_SPANS` spans were sampled."""
         blocked, running, count = self._schedule.blocked
-        if count < BLOCKED_MIN_BATCHES or blocked + running <= 0:
+        if count < BLOCKED_MIN_SPANS or blocked + running <= 0:
             return None
         return workers_to_fill(usable_cores(), blocked / (blocked + running))
 
