@@ -10,6 +10,11 @@ them copied (copy-on-read of Python objects). Then:
   threads hide the waits without pickling, inter-process copies or per-worker copies of the
   dataset. The median, not the mean, so that a rare slow sample (a heavy tail) does not pass
   for I/O;
+* **threads** too when a few slow samples wait for a large share of the loading time (a heavy
+  tail) and two threads load nearly twice as fast as one: covering those waits takes more
+  workers than cores, and threads cost no process each (measured on the bench's
+  ``heavytail``: 8 threads 1,431 samples/s against tune's 6 processes 1,278, alternately,
+  with the memory of the main process alone);
 * **inline** (``num_workers="auto"`` only) when a whole batch loads faster than the main
   process would take to receive it from a worker, or when forked workers would copy the
   dataset as they read it and threads would not run the work in parallel either: loading in
@@ -39,8 +44,10 @@ PROBE_BUDGET_S = 0.6
 PROBE_ROUNDS = 3
 # Two threads must beat one by this factor for threads to be chosen.
 THREAD_SPEEDUP = 1.6
-# ... and the median sample must spend at least this share of its wall time waiting.
+# ... and the median sample must spend at least this share of its wall time waiting,
 THREAD_WAIT_SHARE = 0.5
+# ... or the serial pass at least this share of its whole wall time (slow samples that wait).
+TAIL_WAIT_SHARE = 0.25
 # A batch that loads in less than this is cheaper to load in the main process than to receive
 # from a worker (measured: receiving costs the main process 0.35-0.40 ms of CPU per batch on
 # a 2.5 GHz Xeon, for small batches).
@@ -206,6 +213,7 @@ def choose_backend(
     waiting = statistics.median(
         max(0.0, 1.0 - c / w) if w > 0 else 0.0 for c, w in zip(cpus, walls, strict=True)
     )
+    waiting_all = max(0.0, 1.0 - sum(cpus) / serial) if serial > 0 else 0.0
     # Two threads, each loading half as many other samples (as cold as the serial pass's).
     parallel_walls, wall2 = _two_threads(dataset, _fresh(n, len(order), loaded))
     # Cheap samples leave budget over: more rounds of one thread against two, on fresh samples,
@@ -237,6 +245,12 @@ def choose_backend(
             f"loading mostly waits (the median sample waits {waiting:.0%} of its time) and two "
             f"threads loaded {speedup:.1f}x as fast as one: threads hide the waits without "
             "pickling or copying"
+        )
+    if waiting_all >= TAIL_WAIT_SHARE and parallel:
+        return "thread", (
+            f"a few slow samples wait ({waiting_all:.0%} of the loading time waits, the median "
+            f"sample {waiting:.0%}) and two threads loaded {speedup:.1f}x as fast as one: "
+            "covering the waits takes more workers than cores, and threads cost no process each"
         )
     if allow_inline and batch_s < INLINE_BATCH_S:
         return "inline", (

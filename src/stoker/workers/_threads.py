@@ -23,7 +23,7 @@ from torch.utils.data._utils import worker as _torch_worker
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import BatchFetcher, SkipBatch, fetch_stream
-from stoker.workers._loop import RETIRE, STOP, WorkerSpec
+from stoker.workers._loop import RETIRE, STOP, WorkerSpec, _BlockedSampler
 from stoker.workers._status import IDLE
 
 __all__ = ["ThreadPool"]
@@ -80,6 +80,8 @@ class _ThreadWorker:
         self.fetcher: BatchFetcher | None = None
         self.fetcher_error: BaseException | None = None
         self.epoch = -1
+        # Time asleep inside loading (waiting for the GIL included), for num_workers="auto".
+        self.blocked = _BlockedSampler()
 
     def _new_fetcher(self) -> BatchFetcher:
         spec = self.spec
@@ -109,7 +111,9 @@ class _ThreadWorker:
         pool.results.put(("A", -1, -1, spec.worker_id))  # ready
         tasks = pool.ctrl[spec.worker_id] if spec.iterable else pool.tasks
         while not pool.closed:
+            t0 = time.perf_counter()
             msg = tasks.get()
+            self.blocked.waited(time.perf_counter() - t0)
             if msg == STOP:
                 return
             if msg == RETIRE:
@@ -133,7 +137,9 @@ class _ThreadWorker:
         pool.status.begin(wid, epoch, idx)
         error, self.fetcher_error = self.fetcher_error, None  # reported once
         try:
+            self.blocked.begin()
             batch, failures = fetch_stream(self.fetcher, error, self.spec.on_error, index, seed)
+            sampled = self.blocked.end()
         except StopIteration:
             pool.results.put(("Z", epoch, idx, wid))
             return
@@ -147,7 +153,7 @@ class _ThreadWorker:
         finally:
             pool.status.end(wid)
         busy = time.perf_counter() - t0
-        pool.results.put(("D", epoch, idx, wid, (busy, None), None, [], batch, False, failures))
+        pool.results.put(("D", epoch, idx, wid, (busy, sampled), None, [], batch, False, failures))
 
 
 class ThreadPool:
