@@ -11,10 +11,14 @@ them copied (copy-on-read of Python objects). Then:
   dataset. The median, not the mean, so that a rare slow sample (a heavy tail) does not pass
   for I/O;
 * **threads** too when a few slow samples wait for a large share of the loading time (a heavy
-  tail) and two threads load nearly twice as fast as one: covering those waits takes more
-  workers than cores, and threads cost no process each (measured on the bench's
+  tail) and the work between the waits runs in parallel in threads: covering those waits takes
+  more workers than cores, and threads cost no process each (measured on the bench's
   ``heavytail``: 8 threads 1,431 samples/s against tune's 6 processes 1,278, alternately,
-  with the memory of the main process alone);
+  with the memory of the main process alone). Two threads loading faster than one does not
+  show that: overlapping the waits alone speeds them up, GIL or not. So enough threads load at
+  once to keep three cores busy were the work free of the GIL, and the cores they kept busy
+  tell: more than one, and they ran in parallel (on a machine whose other processes leave
+  this one a core or less, threads are not chosen);
 * **inline** (``num_workers="auto"`` only) when a whole batch loads faster than the main
   process would take to receive it from a worker, or when forked workers would copy the
   dataset as they read it and threads would not run the work in parallel either: loading in
@@ -29,6 +33,8 @@ them copied (copy-on-read of Python objects). Then:
 from __future__ import annotations
 
 import gc
+import itertools
+import math
 import statistics
 import threading
 import time
@@ -46,8 +52,15 @@ PROBE_ROUNDS = 3
 THREAD_SPEEDUP = 1.6
 # ... and the median sample must spend at least this share of its wall time waiting,
 THREAD_WAIT_SHARE = 0.5
-# ... or the serial pass at least this share of its whole wall time (slow samples that wait).
+# ... or the serial pass at least this share of its whole wall time (slow samples that wait),
 TAIL_WAIT_SHARE = 0.25
+# ... and threads enough to keep three cores busy, were the work free of the GIL, must have
+# kept at least this many busy on average (GIL-bound threads keep at most one busy: measured
+# 1.00-1.02 on a GIL-bound tail, 1.70-1.99 on a numpy one, 2 cores).
+TAIL_PARALLEL_CORES = 1.3
+# Most threads that pass may use, and how long it measures.
+TAIL_MAX_THREADS = 8
+TAIL_WINDOW_S = 0.15
 # A batch that loads in less than this is cheaper to load in the main process than to receive
 # from a worker (measured: receiving costs the main process 0.35-0.40 ms of CPU per batch on
 # a 2.5 GHz Xeon, for small batches).
@@ -112,6 +125,32 @@ def _two_threads(dataset: Any, indices: list[int]) -> tuple[list[float], float]:
     for t in threads:
         t.join()
     return [w for part in walls for w in part], max(time.perf_counter() - t0, 1e-9)
+
+
+def _busy_cores(dataset: Any, n: int, start: int, count: int, seconds: float) -> float:
+    """Cores that ``count`` threads loading fresh samples kept busy on average over
+    ``seconds``: process CPU time over wall time, while every thread was still loading.
+
+    A thread waiting for the GIL sleeps, so GIL-bound threads keep at most one core busy
+    however many there are.
+    """
+    stop = threading.Event()
+    ks = itertools.count(start)
+
+    def load() -> None:
+        while not stop.is_set():
+            dataset[(next(ks) * _STRIDE) % n]  # next() on a count is atomic under the GIL
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    c0, w0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    cores = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
+    stop.set()
+    for t in threads:
+        t.join()
+    return cores
 
 
 def _holds_python_objects(dataset: Any) -> bool:
@@ -246,12 +285,19 @@ def choose_backend(
             f"threads loaded {speedup:.1f}x as fast as one: threads hide the waits without "
             "pickling or copying"
         )
-    if waiting_all >= TAIL_WAIT_SHARE and parallel:
-        return "thread", (
-            f"a few slow samples wait ({waiting_all:.0%} of the loading time waits, the median "
-            f"sample {waiting:.0%}) and two threads loaded {speedup:.1f}x as fast as one: "
-            "covering the waits takes more workers than cores, and threads cost no process each"
-        )
+    if waiting_all >= TAIL_WAIT_SHARE:
+        # Overlapped waits alone make two threads up to 1 / (1 - waiting_all) times as fast as
+        # one, GIL or not: whether the work between them runs in parallel shows in the cores
+        # that threads enough to fill three of them, were it GIL-free, keep busy.
+        count = min(TAIL_MAX_THREADS, max(2, math.ceil(3 / max(1.0 - waiting_all, 1e-3))))
+        cores = _busy_cores(dataset, n, next_index, count, TAIL_WINDOW_S)
+        if cores >= TAIL_PARALLEL_CORES:
+            return "thread", (
+                f"a few slow samples wait ({waiting_all:.0%} of the loading time waits, the "
+                f"median sample {waiting:.0%}) and {count} threads kept {cores:.1f} cores busy: "
+                "covering the waits takes more workers than cores, and threads cost no process "
+                "each"
+            )
     if allow_inline and batch_s < INLINE_BATCH_S:
         return "inline", (
             f"a batch loads in {batch_s * 1e3:.2f} ms: less than receiving it from a worker "
