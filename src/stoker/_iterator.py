@@ -35,6 +35,7 @@ from stoker._scaling import AutoScaler, capacity_for
 from stoker._seeding import batch_seed, epoch_seed
 from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
+from stoker._switch import HandoverMixin
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import Failure
 from stoker.transport import (
@@ -70,7 +71,7 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised by a subprocess tes
             it._shutdown()
 
 
-class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
+class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoaderIter):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
@@ -130,23 +131,18 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         # parallel region with more than one thread (torch's workers run one thread too).
         forked = ctx.get_start_method() == "fork"
         threads = 1 if forked else max(1, usable_cores() // n)
-        specs = [
-            WorkerSpec(
-                worker_id=i,
-                num_workers=n,
-                seed=int(self._base_seed) + i,
-                shm_dir=directory,
-                slot_prefix=prefix,
-                slot_budget=budget,
-                threads=threads,
-                iterable=self._iterable,
-                auto_collation=self._auto_collation,
-                drop_last=self._drop_last,
-                on_error=self._policy.on_error,
-            )
-            for i in range(n)
-        ]
-        payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
+        self._spec_base: dict[str, Any] = {
+            "shm_dir": directory,
+            "slot_prefix": prefix,
+            "slot_budget": budget,
+            "threads": threads,
+            "iterable": self._iterable,
+            "auto_collation": self._auto_collation,
+            "drop_last": self._drop_last,
+            "on_error": self._policy.on_error,
+        }
+        specs = self._specs(n)
+        payload = self._payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
         self._backend = fallback_backend(loader._resolved_backend, ctx.get_start_method())
         self._notes: list[str] = list(loader._backend_notes)
@@ -168,11 +164,19 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         else:
             self._pool = WorkerPool(ctx, specs, payload, capacity=capacity)
         self._workers = self._pool.processes
+        self._watch_for_handover(loader)
         self._ready: set[int] = set()
         self._fast_forward: set[int] = set()
         self._jump = False
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
+
+    def _specs(self, n: int) -> list[WorkerSpec]:
+        """One :class:`WorkerSpec` per worker of a pool of ``n``."""
+        return [
+            WorkerSpec(worker_id=i, num_workers=n, seed=int(self._base_seed) + i, **self._spec_base)
+            for i in range(n)
+        ]
 
     # -- epochs --------------------------------------------------------------------------
 
@@ -279,7 +283,7 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
         pool = self._pool
-        if pool is None or pool.closed:
+        if pool is None or pool.closed or self._handover == "drain":
             return
         book = self._book
         delivered = self._state.delivered if self._state is not None else ()
@@ -346,6 +350,10 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
                 if not self._persistent_workers:
                     self._shutdown()
                 raise StopIteration
+            if self._handover == "drain" and book.outstanding == 0:
+                self._hand_over()  # every batch in flight was delivered: threads take over
+                self._fill()
+                continue
             self._receive(t0)
 
     def _receive(self, t0: float) -> None:
@@ -382,6 +390,8 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         """One step of the ``num_workers="auto"`` controller (at most once per interval)."""
         pool, scaler = self._pool, self._scaler
         assert pool is not None and scaler is not None
+        if self._handover == "drain":
+            return  # the pool is about to be replaced: no workers started or retired now
         decision = scaler.step(
             pool,
             wait_s=self._wait_s,
@@ -389,6 +399,7 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
             delivered=self._book.delivered,
             on_added=lambda worker_id: pool.send_ctrl(worker_id, self._catch_up_message()),
         )
+        self._watch_gil(discard=decision is not None or scaler.retiring > 0)
         if decision is None:
             return
         self._notes.append(f"{time.monotonic() - self._started:.1f}s: {decision.reason}")
@@ -559,6 +570,7 @@ class MultiWorkerIterator(RecoveryMixin, _torch_dl._BaseDataLoaderIter):
         )
 
     def _shutdown(self) -> None:
+        self._stop_gil_meter()
         pool = self._pool
         if pool is not None and not pool.closed:
             pool.shutdown()

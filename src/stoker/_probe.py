@@ -176,6 +176,7 @@ def choose_backend(
     allow_inline: bool = True,
     forked: bool = False,
     budget_s: float = PROBE_BUDGET_S,
+    detail: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
     """Return ``(backend, why)``: ``"inline"``, ``"thread"`` or ``"process"``.
 
@@ -188,6 +189,9 @@ def choose_backend(
         forked: whether this runs in a forked child whose inherited objects are frozen
             (``gc.freeze``): only then does its private-memory growth measure copy-on-read.
         budget_s: seconds the probe may spend.
+        detail: if given, ``detail["waits"]`` is set to True when threads were chosen to
+            cover waits (not to share a dataset processes would copy): processes do as well
+            there, and better while the training loop holds the GIL.
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -280,6 +284,8 @@ def choose_backend(
     speedup = min(by_median, by_total)
     parallel = speedup >= THREAD_SPEEDUP
     if waiting >= THREAD_WAIT_SHARE and parallel:
+        if detail is not None:
+            detail["waits"] = True
         return "thread", (
             f"loading mostly waits (the median sample waits {waiting:.0%} of its time) and two "
             f"threads loaded {speedup:.1f}x as fast as one: threads hide the waits without "
@@ -292,6 +298,8 @@ def choose_backend(
         count = min(TAIL_MAX_THREADS, max(2, math.ceil(3 / max(1.0 - waiting_all, 1e-3))))
         cores = _busy_cores(dataset, n, next_index, count, TAIL_WINDOW_S)
         if cores >= TAIL_PARALLEL_CORES:
+            if detail is not None:
+                detail["waits"] = True
             return "thread", (
                 f"a few slow samples wait ({waiting_all:.0%} of the loading time waits, the "
                 f"median sample {waiting:.0%}) and {count} threads kept {cores:.1f} cores busy: "
@@ -328,7 +336,13 @@ def choose_backend(
 
 
 def choose_backend_isolated(
-    dataset: Any, collate_fn: Any, batch_size: int, iterable: bool, *, allow_inline: bool = True
+    dataset: Any,
+    collate_fn: Any,
+    batch_size: int,
+    iterable: bool,
+    *,
+    allow_inline: bool = True,
+    detail: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
     """:func:`choose_backend` in a forked child, so the probe's reads leave no trace here.
 
@@ -339,7 +353,9 @@ def choose_backend_isolated(
     import pickle
 
     if iterable or not hasattr(os, "fork"):
-        return choose_backend(dataset, collate_fn, batch_size, iterable, allow_inline=allow_inline)
+        return choose_backend(
+            dataset, collate_fn, batch_size, iterable, allow_inline=allow_inline, detail=detail
+        )
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
@@ -353,10 +369,17 @@ def choose_backend_isolated(
             torch.set_num_threads(1)
             # As workers do: a garbage collection must not count as copying the dataset.
             gc.freeze()
+            probed: dict[str, Any] = {}
             result = choose_backend(
-                dataset, collate_fn, batch_size, iterable, allow_inline=allow_inline, forked=True
+                dataset,
+                collate_fn,
+                batch_size,
+                iterable,
+                allow_inline=allow_inline,
+                forked=True,
+                detail=probed,
             )
-            os.write(w, pickle.dumps(result))
+            os.write(w, pickle.dumps((*result, probed)))
         except BaseException as exc:
             try:
                 os.write(w, pickle.dumps(("process", f"probe failed: {exc!r:.200}")))
@@ -387,7 +410,9 @@ def choose_backend_isolated(
     if not chunks:
         return "process", f"the backend probe gave no answer within {PROBE_DEADLINE_S:.0f} s"
     try:
-        backend, why = pickle.loads(b"".join(chunks))
+        backend, why, *found = pickle.loads(b"".join(chunks))
     except Exception:
         return "process", "backend probe failed; using processes"
+    if detail is not None and found and isinstance(found[0], dict):
+        detail.update(found[0])
     return str(backend), str(why)

@@ -191,6 +191,9 @@ class DataLoader(tud.DataLoader):
             prefetch_factor = 2
         self._resolved_backend: str = backend
         self._backend_notes: list[str] = []
+        # The probe chose threads to cover waits: the iterator starts processes and hands over
+        # to threads once the training loop leaves the GIL free (stoker._switch).
+        self._threads_wanted = False
         policy = FailurePolicy(on_error, max_failures)
         if (
             not isinstance(max_worker_restarts, int)
@@ -298,14 +301,26 @@ class DataLoader(tud.DataLoader):
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
         collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
+        detail: dict[str, Any] = {}
         backend, why = choose_backend_isolated(
             self.dataset,
             collate,
             self.batch_size or 1,
             iterable,
             allow_inline=self._auto_workers,
+            detail=detail,
         )
         self._backend_notes.append(f"backend={backend}: {why}")
+        if backend == "thread" and detail.get("waits") and self._auto_workers:
+            # Threads cover waits no better than processes, and far worse while the training
+            # loop runs Python (it holds the GIL they need after every wait): processes first,
+            # threads once the loop is seen to leave the GIL free (see stoker._switch).
+            self._resolved_backend = "process"
+            self._threads_wanted = True
+            self._backend_notes.append(
+                "processes first: threads once the training loop is seen to leave the GIL free"
+            )
+            return
         if backend == "inline":
             self._resolved_backend = "inline"
             self.num_workers = 0

@@ -231,13 +231,17 @@ def test_reach_time_is_the_first_full_window_at_the_goal() -> None:
     from stoker.bench._ramp import reach_time
 
     # 10 samples every 0.1 s for 1 s, then 20 every 0.1 s: the 0.55 s window reaches 95% of
-    # 200/s once it holds (nearly) only fast arrivals.
+    # 200/s once it holds (nearly) only fast arrivals, from 1.5 s back to 0.95 s; 100/s from
+    # the start (a window that reaches back before the start begins at 0).
     times = [round(0.1 * i, 1) for i in range(1, 21)]
     counts, total = [], 0
     for t in times:
         total += 10 if t <= 1.0 else 20
         counts.append(total)
-    assert reach_time(times, counts, 200.0, 0.55) == pytest.approx(1.5)
-    assert reach_time(times, counts, 100.0, 0.55) == pytest.approx(0.6)
+    assert reach_time(times, counts, 200.0, 0.55) == pytest.approx(0.95)
+    assert reach_time(times, counts, 100.0, 0.55) == pytest.approx(0.05)
+    # A loader at full speed from the first batch is there from the start.
+    steady = [round(0.1 * i, 1) for i in range(1, 11)]
+    assert reach_time(steady, [10 * i for i in range(1, 11)], 100.0, 0.5) == 0.0
     assert reach_time(times, counts, 1000.0, 0.55) is None
     assert reach_time([], [], 1.0, 0.5) is None

@@ -3,10 +3,13 @@
 A ramp run builds a fresh auto loader whose controller starts from a given worker count
 (:data:`stoker.loader.AUTO_START_WORKERS`), iterates for the plan's ``ramp_s`` seconds from
 ``iter()`` (the backend probe and worker start-up included) and records when each batch
-arrived. The rate over a trailing window is compared with a reference rate, the auto
+arrived. The rate over a sliding window is compared with a reference rate, the auto
 contender's median from the timed runs (where its controller had settled), and the ramp ends
-at the first moment the window reaches :data:`REACH` of it. An epoch of the workload lasts
-``len(dataset)`` / reference rate, so the ramp can be read as a share of an epoch.
+where the first window that reaches :data:`REACH` of it begins: from then on the loader
+delivered at speed. (Its end would add the window's length to every ramp: a loader at full
+speed from the first batch would read as taking a whole window to get there.) An epoch of
+the workload lasts ``len(dataset)`` / reference rate, so the ramp can be read as a share of
+an epoch.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from stoker.bench._workloads import Workload, consume
 __all__ = ["RAMP_STARTS", "REACH", "measure_ramp", "ramps_planned", "reach_time"]
 
 # Worker counts the controller starts from, and the share of the reference rate that ends
-# the ramp; the trailing window is WINDOW_SHARE of the run, at least MIN_WINDOW_S.
+# the ramp; the window is WINDOW_SHARE of the run, at least MIN_WINDOW_S.
 RAMP_STARTS = (1, 16)
 REACH = 0.95
 WINDOW_SHARE = 0.1
@@ -37,13 +40,14 @@ _SAMPLES = 10**9  # the sampler outlasts any ramp run
 def reach_time(
     times: list[float], samples: list[int], reference: float, window_s: float
 ) -> float | None:
-    """First time the rate over the trailing ``window_s`` reached ``REACH`` x ``reference``.
+    """Start of the first window of ``window_s`` seconds over which the rate reached
+    ``REACH`` x ``reference`` (the window ends at an arrival; it starts no earlier than 0).
 
     Args:
         times: arrival time of each batch (seconds from the start, increasing).
         samples: cumulative samples at each arrival.
         reference: samples/s to reach.
-        window_s: trailing window length (before ``window_s`` has passed, the window
+        window_s: window length (before ``window_s`` has passed, the window
             reaches back before the start, where nothing arrived).
     """
     goal = REACH * reference
@@ -51,7 +55,7 @@ def reach_time(
         j = bisect.bisect_right(times, t - window_s)  # first arrival inside (t - window, t]
         before = samples[j - 1] if j > 0 else 0
         if (samples[i] - before) / window_s >= goal:
-            return t
+            return max(0.0, t - window_s)
     return None
 
 

@@ -174,8 +174,8 @@ class Ramp:
         start_workers: the worker count the controller started from.
         seconds: length of the run, from ``iter()``.
         reference_samples_per_s: the rate the ramp is measured against.
-        reach_s: seconds from ``iter()`` until the trailing window first reached ``95%`` of
-            the reference (``None``: not within the run).
+        reach_s: seconds from ``iter()`` to the start of the first window over which the
+            loader delivered ``95%`` of the reference (``None``: not within the run).
         epoch_s: an epoch of the workload at the reference rate (``None``: no ``len()``).
         final_workers: workers running at the end (0: the loader loads in the main process).
         backend: the backend the loader chose.

@@ -1,0 +1,150 @@
+"""Processes first, threads once the training loop leaves the GIL free.
+
+When the backend probe finds that loading mostly waits (storage, a network, a few slow
+samples), threads cover the waits without a process each: less memory, no copies of the
+dataset. But a thread worker needs the GIL back after every wait and every GIL-free numpy or
+torch call, and a training loop that runs Python holds it: measured on the bench's ``io``
+with a 14 ms pure-Python step per batch, auto-sized thread workers delivered 1,384
+samples/s against 2,067 for auto-sized processes (0.67x); on ``heavytail``, 945 against
+1,466 (``benchmarks/gil_step.py``). Processes are never worse at covering waits, only
+heavier. So a ``num_workers="auto"`` loader whose probe chose threads for waits starts
+process workers and measures, with a :class:`stoker._gil.GilMeter`, how long a thread of the
+main process waits for the GIL while the loop runs (intervals in which workers were started
+or retired, and the next, are left out: starting a process holds the GIL). Once
+:data:`HANDOVER_READINGS` control intervals have been read, a median share of the switch
+interval under :data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch
+pauses, the batches in flight are delivered, the processes stop and as many threads take over
+the rest of the epoch (dispatch is by batch index, so what is delivered does not change). A busier loop keeps the processes.
+
+The other way round (threads to processes) is never done: threads load in the main
+process, and a dataset that opened a file or a database lazily there would hand the open
+handle to forked workers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from stoker import _scaling
+from stoker._autotune import Controller
+from stoker._gil import GilMeter
+from stoker._scaling import AutoScaler, capacity_for
+from stoker.workers._threads import ThreadPool
+
+__all__ = ["GIL_FREE", "HANDOVER_READINGS", "HandoverMixin"]
+
+# Readings (one per control interval) the decision waits for, and the median GIL wait (a share
+# of the switch interval) under which the loop is taken to leave the GIL free.
+# Measured with process workers on the bench's io: a trivial loop reads 0.02-0.04; a loop
+# running 2 ms of Python per 16 ms batch 0.15-0.26, 5 ms 0.29-0.49, 14 ms 1.0.
+HANDOVER_READINGS = 5
+GIL_FREE = 0.1
+
+
+class HandoverMixin:
+    """The process-to-thread handover of :class:`stoker._iterator.MultiWorkerIterator`."""
+
+    _pool: Any
+    _scaler: AutoScaler | None
+    _backend: str
+    _notes: list[str]
+    _started: float
+    _prefetch: int
+    _workers: Any
+    _ready: set[int]
+    _payload: tuple[Any, ...]
+
+    def _watch_for_handover(self, loader: Any) -> None:
+        """Start measuring the GIL when the loader wants threads but started processes."""
+        self._handover: str | None = None  # None, "watch" or "drain"
+        self._gil: GilMeter | None = None
+        self._gil_readings: list[float] = []
+        self._gil_clean = False  # whether the last interval read saw no change to the pool
+        self._gil_at = time.monotonic()
+        self._handover_loader = loader
+        if (
+            getattr(loader, "_threads_wanted", False)
+            and self._scaler is not None
+            and self._backend == "process"
+        ):
+            self._handover = "watch"
+            self._gil = GilMeter()
+            self._gil.start()
+
+    def _watch_gil(self, discard: bool) -> None:
+        """One control interval's GIL reading; decides once enough were taken.
+
+        Args:
+            discard: the interval's reading does not show the training loop (workers were
+                started or retired in it: starting a process holds the GIL for milliseconds).
+        """
+        if self._handover != "watch" or self._gil is None:
+            return
+        now = time.monotonic()
+        if not discard and now - self._gil_at < _scaling.CONTROL_INTERVAL_S:
+            return  # one reading per control interval
+        self._gil_at = now
+        share = self._gil.take()
+        if share is None:
+            return
+        if discard or not self._gil_clean:
+            self._gil_clean = not discard  # the interval after a change is not clean either
+            return
+        self._gil_readings.append(share)
+        if len(self._gil_readings) < HANDOVER_READINGS:
+            return
+        median = statistics.median(self._gil_readings)
+        self._stop_gil_meter()
+        loader = self._handover_loader
+        loader._threads_wanted = False  # decided for this loader: later iterators follow
+        stamp = f"{time.monotonic() - self._started:.1f}s"
+        if median < GIL_FREE:
+            self._handover = "drain"
+            loader._resolved_backend = "thread"
+            self._notes.append(
+                f"{stamp}: the training loop leaves the GIL free (a waking thread waited "
+                f"{median:.0%} of the switch interval for it): handing over to threads"
+            )
+        else:
+            self._handover = None
+            self._notes.append(
+                f"{stamp}: the training loop holds the GIL (a waking thread waited {median:.0%} "
+                "of the switch interval for it): thread workers would wait for it after every "
+                "wait, so processes stay"
+            )
+
+    def _hand_over(self) -> None:
+        """Replace the (drained) process pool with as many threads, mid-epoch."""
+        old, scaler = self._pool, self._scaler
+        self._handover = None
+        if old is None or old.closed or scaler is None:
+            return
+        n = max(1, len(old.active) - scaler.retiring)
+        old.shutdown()
+        self._backend = "thread"
+        capacity = capacity_for("thread")
+        controller = Controller(
+            start=n,
+            max_workers=capacity,
+            prefetch=self._prefetch,
+            tune_prefetch=scaler.controller.tune_prefetch,
+            shrink=False,
+        )
+        self._scaler = AutoScaler(controller, "thread")
+        pool = ThreadPool(self._specs(n), self._payload, capacity=capacity)  # type: ignore[attr-defined]
+        self._pool = pool
+        self._workers = pool.processes
+        self._ready = set()
+        catch_up = self._catch_up_message()  # type: ignore[attr-defined]
+        for i in pool.active:
+            pool.send_ctrl(i, catch_up)
+        self._notes.append(
+            f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {n} threads"
+        )
+
+    def _stop_gil_meter(self) -> None:
+        meter, self._gil = self._gil, None
+        if meter is not None:
+            meter.close()
