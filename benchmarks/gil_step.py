@@ -30,12 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data as tud
+from _common import endless_sampler
 
 import stoker
 from stoker.bench._contenders import close_loader
 from stoker.bench._workloads import consume, get_workload
-
-from _common import endless_sampler
 
 
 def spin(seconds: float) -> None:
@@ -108,14 +107,19 @@ def main() -> None:
                 r, s = run(make, args.settle, args.seconds, step_ms / 1e3)
                 rates[name].append(r)
                 steps[name].append(s)
-        print(f"{args.workload}, step {step_ms:g} ms (batch {bs}; the step alone allows "
-              f"{bs / (step_ms / 1e3) if step_ms else float('inf'):,.0f} samples/s):")
+        print(
+            f"{args.workload}, step {step_ms:g} ms (batch {bs}; the step alone allows "
+            f"{bs / (step_ms / 1e3) if step_ms else float('inf'):,.0f} samples/s):"
+        )
         for name in contenders:
             med = statistics.median(rates[name])
             spread = (max(rates[name]) - min(rates[name])) / med if med else 0.0
             step_s = statistics.median(steps[name])
-            print(f"  {name:<22} {med:>9,.0f} samples/s (spread {spread:.0%}), "
-                  f"step {step_s * 1e3:.1f} ms", flush=True)
+            print(
+                f"  {name:<22} {med:>9,.0f} samples/s (spread {spread:.0%}), "
+                f"step {step_s * 1e3:.1f} ms",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ or retired, and the next, are left out: starting a process holds the GIL). Once
 :data:`HANDOVER_READINGS` control intervals have been read, a median share of the switch
 interval under :data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch
 pauses, the batches in flight are delivered, the processes stop and as many threads take over
-the rest of the epoch (dispatch is by batch index, so what is delivered does not change). A busier loop keeps the processes.
+the rest of the epoch (dispatch is by batch index, so what is delivered does not change). A
+busier loop keeps the processes.
 
 The other way round (threads to processes) is never done: threads load in the main
 process, and a dataset that opened a file or a database lazily there would hand the open
