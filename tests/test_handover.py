@@ -18,7 +18,7 @@ from stoker._probe import choose_backend
 
 
 class Waiting(Dataset):
-    """Each sample waits 2 ms without the GIL (storage-like) and is a small tensor."""
+    """Each sample waits 4 ms without the GIL (storage-like) and is a small tensor."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -27,7 +27,7 @@ class Waiting(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.002)
+        time.sleep(0.004)
         return torch.full((64,), float(i))
 
 
@@ -75,7 +75,9 @@ def test_the_gil_meter_reads_a_free_gil_low_and_a_held_one_high() -> None:
 
 
 def test_processes_hand_over_to_threads_mid_epoch_without_losing_a_batch(quick: None) -> None:
-    n, bs = 1200, 8
+    # Batches of 16 arrive at a pace a training loop would take them (the main process's own
+    # work receiving hundreds of tiny batches a second from processes would read as a busy GIL).
+    n, bs = 1200, 16
     loader = stoker.DataLoader(Waiting(n), batch_size=bs, num_workers="auto")
     kept = []
     for epoch in range(3):  # the handover comes in the first epoch or the next (persistent)

@@ -220,7 +220,13 @@ def test_auto_and_watched_contenders_and_ramps_run_for_real() -> None:
     assert [r.start_workers for r in result.ramps] == [1, 16]
     for ramp in result.ramps:
         assert ramp.error is None, ramp.error
-        assert ramp.backend == "thread" and ramp.decisions[0].startswith("backend=thread")
+        # The probe wants threads; processes load until the loop is seen to leave the GIL
+        # free (a 0.6 s ramp may end before the handover).
+        assert ramp.decisions[0].startswith("backend=thread"), ramp.decisions
+        assert ramp.decisions[1].startswith("processes first") and ramp.backend in (
+            "process",
+            "thread",
+        )
         assert ramp.seconds >= 0.6 and ramp.epoch_s == pytest.approx(
             100_000 / ramp.reference_samples_per_s
         )
