@@ -75,8 +75,9 @@ class DataLoader(tud.DataLoader):
         in_order: deliver batches in sampler order (``True``, default) or as they complete.
         backend: where workers run: ``"process"`` (fork, forkserver or spawn; the default
             unless ``num_workers="auto"``), ``"auto"`` (the default with ``num_workers="auto"``:
-            a short probe picks threads when loading releases the GIL and says why in
-            ``loader.stats().notes``) or
+            a short probe picks threads when loading waits or forked workers would copy the
+            dataset, and says why in ``loader.stats().notes``; for waits, processes load
+            until the training loop is seen to leave the GIL free, then threads take over) or
             ``"thread"`` (threads of this process: no pickling, no shared memory, no copies
             of the dataset; best when loading releases the GIL, e.g. decoding and I/O; global
             random generators are shared, so augmentations are not reseeded per batch).
