@@ -25,13 +25,12 @@ import cloudpickle
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from stoker._autotune import Controller
 from stoker._dispatch import TaskBook
 from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
 from stoker._recovery import RecoveryMixin, worker_pid
 from stoker._resume import EpochState, stateful, warn_fast_forward
-from stoker._scaling import AutoScaler, capacity_for
+from stoker._scaling import AutoScaler
 from stoker._seeding import batch_seed, epoch_seed
 from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
@@ -149,15 +148,10 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         self._scaler: AutoScaler | None = None
         capacity = n
         if loader._auto_workers and not self._iterable:
-            capacity = capacity_for(self._backend)
-            controller = Controller(
-                start=n,
-                max_workers=capacity,
-                prefetch=self._prefetch,
-                tune_prefetch=loader._auto_prefetch,
-                shrink=self._backend == "process",
+            self._scaler = AutoScaler.for_pool(
+                self._backend, n, self._prefetch, loader._auto_prefetch
             )
-            self._scaler = AutoScaler(controller, self._backend)
+            capacity = self._scaler.controller.max_workers
             self._scaler.slow_start(n)
         if self._backend == "thread":
             self._pool = ThreadPool(specs, payload, capacity=capacity)

@@ -75,6 +75,20 @@ class AutoScaler:
         self.window: int | None = None
         self._window_intervals = 0
 
+    @classmethod
+    def for_pool(cls, backend: str, workers: int, prefetch: int, tune_prefetch: bool) -> AutoScaler:
+        """A controller for a pool of ``workers`` with ``backend``, bounded by
+        :func:`capacity_for` (its ``controller.max_workers``); process pools shrink when
+        oversubscribed, thread pools that wait on I/O saturate the cores usefully."""
+        controller = Controller(
+            start=workers,
+            max_workers=capacity_for(backend),
+            prefetch=prefetch,
+            tune_prefetch=tune_prefetch,
+            shrink=backend == "process",
+        )
+        return cls(controller, backend)
+
     def slow_start(self, workers: int) -> None:
         """Start a pool of ``workers`` with one batch in flight per usable core when it has
         more workers than cores.

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from typing import Any
 
 from stoker import _scaling
-from stoker._autotune import Controller
 from stoker._gil import GilMeter
-from stoker._scaling import AutoScaler, capacity_for
+from stoker._scaling import AutoScaler
 from stoker.workers._threads import ThreadPool
 
 __all__ = ["GIL_FREE", "HANDOVER_READINGS", "HandoverMixin"]
@@ -64,7 +64,9 @@ class HandoverMixin:
         self._gil_readings: list[float] = []
         self._gil_clean = False  # whether the last interval read saw no change to the pool
         self._gil_at = time.monotonic()
-        self._handover_loader = loader
+        # Weakly: the loader holds its persistent iterator, and a cycle would leave the workers
+        # running after `del loader` until a garbage collection.
+        self._handover_loader = weakref.ref(loader)
         if (
             getattr(loader, "_threads_wanted", False)
             and self._scaler is not None
@@ -98,12 +100,14 @@ class HandoverMixin:
             return
         median = statistics.median(self._gil_readings)
         self._stop_gil_meter()
-        loader = self._handover_loader
-        loader._threads_wanted = False  # decided for this loader: later iterators follow
+        loader = self._handover_loader()
+        if loader is not None:  # decided for this loader: later iterators follow
+            loader._threads_wanted = False
+            if median < GIL_FREE:
+                loader._resolved_backend = "thread"
         stamp = f"{time.monotonic() - self._started:.1f}s"
         if median < GIL_FREE:
             self._handover = "drain"
-            loader._resolved_backend = "thread"
             self._notes.append(
                 f"{stamp}: the training loop leaves the GIL free (a waking thread waited "
                 f"{median:.0%} of the switch interval for it): handing over to threads"
@@ -125,15 +129,10 @@ class HandoverMixin:
         n = max(1, len(old.active) - scaler.retiring)
         old.shutdown()
         self._backend = "thread"
-        capacity = capacity_for("thread")
-        controller = Controller(
-            start=n,
-            max_workers=capacity,
-            prefetch=self._prefetch,
-            tune_prefetch=scaler.controller.tune_prefetch,
-            shrink=False,
+        self._scaler = AutoScaler.for_pool(
+            "thread", n, self._prefetch, scaler.controller.tune_prefetch
         )
-        self._scaler = AutoScaler(controller, "thread")
+        capacity = self._scaler.controller.max_workers
         pool = ThreadPool(self._specs(n), self._payload, capacity=capacity)  # type: ignore[attr-defined]
         self._pool = pool
         self._workers = pool.processes
@@ -146,6 +145,6 @@ class HandoverMixin:
         )
 
     def _stop_gil_meter(self) -> None:
-        meter, self._gil = self._gil, None
+        meter, self._gil = getattr(self, "_gil", None), None
         if meter is not None:
             meter.close()
