@@ -17,6 +17,8 @@ from stoker._autotune import (
     PREFETCH_CALM_INTERVALS,
     Controller,
     Observation,
+    busy_cores,
+    share_for_idle,
     workers_to_fill,
 )
 
@@ -300,25 +302,23 @@ def test_workers_to_fill_is_the_fewest_that_reach_the_target(cores, blocked):
 class BlockingPipeline(OversubscribedPipeline):
     """Workers blocked inside their samples a `blocked` share of their loading time: the cores
     do E[min(awake, cores)] work, so the rate grows up to workers_to_fill and flattens past it.
-    The cores read as saturated (the consumer and the awake workers take them)."""
+    The cores the awake workers leave read as idle."""
 
     def __init__(self, blocked: float, cores: int = 2, peak: float = 20.0, sampled: bool = True):
         super().__init__(best=cores, cores=cores, peak=peak)
         self.blocked, self.sampled = blocked, sampled
 
     def rate(self, workers: int) -> float:
-        awake = 1 - self.blocked
-        done = sum(
-            math.comb(workers, k) * awake**k * self.blocked ** (workers - k) * min(k, self.cores)
-            for k in range(workers + 1)
-        )
-        return self.peak * done / self.cores
+        return self.peak * busy_cores(self.cores, self.blocked, workers) / self.cores
 
     def interval(self, workers: int, wall: float = 0.2) -> Observation:
         base = super().interval(workers, wall)
+        busy = busy_cores(self.cores, self.blocked, workers)
+        idle = {"cpu_s": busy * wall, "idle_cores": self.cores - busy}
+        base = Observation(**{**base.__dict__, **idle})
         if not self.sampled:
             return base
-        running = self.cores * wall * 0.9
+        running = busy * wall
         blocked = running * self.blocked / (1 - self.blocked)
         sampled = {"blocked_s": blocked, "running_s": running, "sampled": workers}
         return Observation(**{**base.__dict__, **sampled})
@@ -362,6 +362,47 @@ def test_blocked_workers_are_grown_straight_to_the_need_and_a_noisy_trial_keeps_
     assert first is not None and first <= 2 * EVAL_INTERVALS, history
     assert min(history[first:]) >= need, history  # the "lower" rate does not take them back
     assert any("blocked 50%" in d.reason for d in ctrl.history)
+
+
+class WaitingForEachOther(BlockingPipeline):
+    """Thread workers that wait for the GIL (or a lock) as well as in their samples: the
+    cores work as for `blocked`, but the workers read as blocked a larger `reads` share (the
+    time they wait for each other counts)."""
+
+    def __init__(self, blocked: float, reads: float) -> None:
+        super().__init__(blocked)
+        self.reads = reads
+
+    def interval(self, workers: int, wall: float = 0.2) -> Observation:
+        obs = super().interval(workers, wall)
+        running = obs.running_s or 0.0
+        blocked = running * self.reads / (1 - self.reads)
+        return Observation(**{**obs.__dict__, "blocked_s": blocked})
+
+
+def test_workers_waiting_for_each_other_are_grown_to_what_the_idle_cores_call_for():
+    # Blocked 40% in the samples (6 fill two cores) but reading 70% (13 would): growth goes to
+    # the count the measured idle time calls for, not the one the inflated share does.
+    real, reads = 0.4, 0.7
+    pipe = WaitingForEachOther(real, reads)
+    fill, inflated = workers_to_fill(2, real), workers_to_fill(2, reads)
+    assert inflated > fill + 4
+    ctrl = Controller(start=2, max_workers=32, shrink=False)
+    history = _drive(ctrl, pipe, 60)
+    assert fill <= history[-1] < inflated, history
+    assert pipe.rate(history[-1]) >= 0.95 * pipe.rate(inflated)
+    # A pool that arrives with more workers than the cores call for (a process pool handed
+    # over to threads) is not grown further.
+    history = _drive(Controller(start=12, max_workers=32, shrink=False), pipe, 60)
+    assert set(history) == {12}, history
+
+
+def test_share_for_idle_inverts_busy_cores():
+    for cores, workers, blocked in [(2, 1, 0.5), (2, 4, 0.4), (2, 12, 0.62), (1.5, 7, 0.5)]:
+        idle = cores - busy_cores(cores, blocked, workers)
+        assert abs(share_for_idle(cores, workers, idle) - blocked) < 1e-3
+    # Busier than never-blocked workers keep them (other processes on the cores): no share.
+    assert share_for_idle(2, 1, 0.5) == 0.0
 
 
 def test_the_blocked_share_is_not_acted_on_before_enough_batches_were_sampled():
@@ -483,3 +524,14 @@ def test_blocking_that_grows_with_the_workers_is_judged_and_taken_back():
     history = _drive(ctrl, ContendingPipeline(), 60)
     assert max(history) <= 4 and history[-1] <= 3, history
     assert any("did not raise" in d.reason or "lowered" in d.reason for d in ctrl.history)
+
+
+def test_a_controller_that_takes_over_a_pool_starts_from_its_measured_share():
+    # Processes measured a 50% blocked share; the threads replacing them start with the
+    # count that share calls for, however many processes there were.
+    old = Controller(start=4, max_workers=4)
+    _drive(old, BlockingPipeline(0.5), 10)
+    new = Controller(start=4, max_workers=32, shrink=False)
+    assert new.take_over(old) == new.workers == workers_to_fill(2, 0.5)
+    # Nothing sampled: the count handed over stands.
+    assert Controller(start=4, max_workers=32).take_over(Controller(start=4, max_workers=4)) == 4

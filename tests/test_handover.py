@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 import stoker
-from stoker import _scaling, _switch
+from stoker import _gil, _scaling, _switch
 from stoker._gil import GilMeter
 from stoker._probe import choose_backend
 
@@ -48,6 +48,7 @@ def _spin(seconds: float) -> None:
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_scaling, "CONTROL_INTERVAL_S", 0.05)
+    monkeypatch.setattr(_gil, "READING_WAKEUPS", 5)
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 3)
 
 
@@ -61,17 +62,37 @@ def test_the_probe_says_when_threads_were_chosen_to_cover_waits() -> None:
 
 
 def test_the_gil_meter_reads_a_free_gil_low_and_a_held_one_high() -> None:
-    meter = GilMeter(period_s=0.005)
+    meter = GilMeter(period_s=0.005, wakeups=5)
     meter.start()
     try:
         time.sleep(0.3)
-        free = meter.take()
-        _spin(0.3)  # the main thread runs Python without a pause: the sentinel waits for it
-        held = meter.take()
+        free = meter.readings()
+        _spin(0.6)  # the main thread runs Python without a pause: the sentinel waits for it
+        held = meter.readings()[len(free) + 1 :]  # the reading that straddles both is left out
     finally:
         meter.close()
-    assert free is not None and held is not None
-    assert free < 0.5 < held, (free, held)
+    assert free and held, (free, held)
+    assert max(free) < 0.5 < min(held), (free, held)
+
+
+def test_a_disturbance_takes_out_the_readings_it_touched_and_the_next() -> None:
+    meter = GilMeter(period_s=0.05, wakeups=2)  # a reading every 0.1 s or more
+    meter.start()
+    try:
+        time.sleep(0.45)
+        before = meter.readings()
+        since = time.perf_counter() - 0.15
+        meter.disturb(since)
+        kept = meter.readings()
+        time.sleep(0.15)  # the reading under way ends in this time (or later), and is skipped
+        after = meter.readings()
+        time.sleep(0.25)
+        later = meter.readings()
+    finally:
+        meter.close()
+    assert len(before) >= 2 and len(before) - 2 <= len(kept) < len(before), (before, kept)
+    assert after == kept
+    assert len(later) > len(kept)  # readings go on after the one skipped
 
 
 def test_processes_hand_over_to_threads_mid_epoch_without_losing_a_batch(quick: None) -> None:

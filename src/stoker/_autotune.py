@@ -19,7 +19,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Controller", "Decision", "Observation", "workers_to_fill"]
+__all__ = [
+    "Controller",
+    "Decision",
+    "Observation",
+    "busy_cores",
+    "share_for_idle",
+    "workers_to_fill",
+]
 
 # Consumer waiting above this share of wall time is starvation; below QUIET it is fed;
 # above SEVERE it mostly waits and workers are added faster.
@@ -133,14 +140,36 @@ def workers_to_fill(cores: float, blocked: float, cap: int = 256) -> int:
     blocked = min(max(blocked, 0.0), 1.0)
     if blocked >= 1.0:
         return cap
-    awake = 1.0 - blocked
     for n in range(max(1, math.ceil(cores - 1e-9)), cap + 1):
-        done = sum(
-            math.comb(n, k) * awake**k * blocked ** (n - k) * min(k, cores) for k in range(n + 1)
-        )
-        if done >= FILL_TARGET * cores:
+        if busy_cores(cores, blocked, n) >= FILL_TARGET * cores:
             return n
     return cap
+
+
+def busy_cores(cores: float, blocked: float, workers: int) -> float:
+    """The cores ``workers`` keep busy when each is blocked a ``blocked`` share of its loading
+    time, independently of the others: ``E[min(awake, cores)]``, the awake count binomial."""
+    awake = 1.0 - blocked
+    return sum(
+        math.comb(workers, k) * awake**k * blocked ** (workers - k) * min(k, cores)
+        for k in range(workers + 1)
+    )
+
+
+def share_for_idle(cores: float, workers: int, idle: float) -> float:
+    """The blocked share at which ``workers`` leave ``idle`` of ``cores`` idle (the inverse of
+    :func:`busy_cores` in the share, by bisection; 0 when even never-blocked workers would
+    leave more idle, near 1 when all of them idle)."""
+    lo, hi = 0.0, 0.999
+    if cores - busy_cores(cores, lo, workers) >= idle:
+        return lo
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if cores - busy_cores(cores, mid, workers) < idle:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)
@@ -195,14 +224,17 @@ class Controller:
         # Decaying sums of blocked and running worker seconds, and of sampled spans.
         self._blocked = (0.0, 0.0, 0.0)
         self._consumer = (0.0, 0.0)  # decaying sums of the main process's CPU and wall time
+        self._cores: int | None = None  # usable cores, as last observed
         self._lower_wants: list[int] = []  # prefetch depths wanted below the current one
         # Batches and seconds observed at the current worker count (its rate).
         self._here = (0, 0.0, 0)  # batches, wall seconds, intervals
+        self._idle_here = (0.0, 0.0)  # idle core-seconds and wall seconds at this count
         self._since_change = 0
         self.history: list[Decision] = []
 
     def observe(self, obs: Observation) -> Decision | None:
         """Take one interval's figures; returns a decision when something should change."""
+        self._cores = obs.cores
         if obs.wall_s <= 0 or obs.workers <= 0 or obs.settling:
             return None
         wait = obs.wait_s / obs.wall_s
@@ -222,6 +254,9 @@ class Controller:
         if self._since_change > BURST_INTERVALS:
             batches, wall, intervals = self._here
             self._here = (batches + obs.batches, wall + obs.wall_s, intervals + 1)
+            if obs.idle_cores is not None:
+                idle_s, idle_wall = self._idle_here
+                self._idle_here = (idle_s + obs.idle_cores * obs.wall_s, idle_wall + obs.wall_s)
         elif self._trial is not None:
             return self._decide(obs, obs.workers, "")
         measured = self._here[2] > 0  # the rate at this count, past its start-up burst
@@ -341,9 +376,12 @@ class Controller:
             # Double at most, quadruple when the consumer mostly waits.
             cap = obs.workers * (3 if wait > SEVERE else 1)
             if need is not None and obs.workers < need:
-                # The cores idle while workers block: go straight to the count that fills them.
-                step = min(need - obs.workers, cap)
-                why = f"workers blocked {blocked or 0:.0%} of their loading time"
+                # The cores idle while workers block: go straight to the count that fills them
+                # (no further than the cores' measured idle time calls for).
+                grow_to = self._growth_need(obs, need)
+                if grow_to > obs.workers:
+                    step = min(grow_to - obs.workers, cap)
+                    why = f"workers blocked {blocked or 0:.0%} of their loading time"
             elif headroom >= MIN_HEADROOM:
                 # How many more workers the free CPU feeds, at this per-worker CPU use; a
                 # worker that mostly waits (I/O) uses little, so this grows past the cores.
@@ -408,15 +446,47 @@ class Controller:
         if blocked <= 0:
             return None, 0.0
         share = blocked / (blocked + running)
-        return workers_to_fill(self._loading_cores(obs), share, cap=self.max_workers), share
+        return workers_to_fill(self._loading_cores(obs.cores), share, cap=self.max_workers), share
 
-    def _loading_cores(self, obs: Observation) -> float:
-        """The cores the main process leaves to loading (at least one), decayed as the
-        blocked share is: the workers fill those, not the ones the training loop runs on."""
+    def take_over(self, other: Controller) -> int:
+        """Start from what ``other`` (the controller of a pool this one replaces) measured of
+        the workers' blocking and the consumer's CPU, with at least the workers that blocked
+        share calls for; returns the count to start with (:attr:`workers`)."""
+        self._blocked, self._consumer = other._blocked, other._consumer
+        blocked, running, _ = self._blocked
+        if other._cores is not None and self._sampled_enough() and blocked > 0:
+            cores = self._loading_cores(other._cores)
+            need = workers_to_fill(cores, blocked / (blocked + running), cap=self.max_workers)
+            self.workers = max(self.workers, need)
+        return self.workers
+
+    def _growth_need(self, obs: Observation, need: int) -> int:
+        """The count growth may go to: ``need``, unless the cores idle less than the blocked
+        share says they should.
+
+        Workers that wait for each other (thread workers for the GIL, any workers for a lock)
+        read as blocked, but while one waits another runs: the cores stay busy. The share of
+        blocking that would leave the cores as idle as measured at this count (averaged since
+        the count was set) is what more workers can cover; growth goes no further than its
+        :func:`workers_to_fill`. (Other processes taking the cores lower that count too: there
+        is no free core to fill.)
+        """
+        idle_s, wall = self._idle_here
+        if wall <= 0:
+            if obs.idle_cores is None:
+                return need
+            idle_s, wall = obs.idle_cores * obs.wall_s, obs.wall_s
+        cores = self._loading_cores(obs.cores)
+        share = share_for_idle(cores, obs.workers, idle_s / wall)
+        return min(need, workers_to_fill(cores, share, cap=self.max_workers))
+
+    def _loading_cores(self, cores: int) -> float:
+        """Of ``cores``, those the main process leaves to loading (at least one), decayed as
+        the blocked share is: the workers fill those, not the ones the training loop runs on."""
         used, wall = self._consumer
         if wall <= 0:
-            return float(obs.cores)
-        return max(1.0, obs.cores - used / wall)
+            return float(cores)
+        return max(1.0, cores - used / wall)
 
     def _sampled_enough(self) -> bool:
         """Whether enough spans were sampled for the blocked share to be acted on."""
@@ -459,6 +529,7 @@ class Controller:
             return None
         if workers != obs.workers:
             self._here = (0, 0.0, 0)  # a new count: its rate is measured afresh
+            self._idle_here = (0.0, 0.0)
             self._since_change = 0
         self.workers, self.prefetch = workers, prefetch
         decision = Decision(workers, prefetch, reason)

@@ -19,24 +19,28 @@ import time
 
 from stoker._platform import thread_sched_seconds
 
-__all__ = ["GIL_PERIOD_S", "GilMeter"]
+__all__ = ["GIL_PERIOD_S", "READING_WAKEUPS", "GilMeter"]
 
 # Seconds between the sentinel's wake-ups (each costs a few microseconds of the GIL).
 GIL_PERIOD_S = 0.01
-# Wake-ups a reading needs.
-MIN_WAKEUPS = 5
+# Wake-ups per reading (0.2 s at the default period).
+READING_WAKEUPS = 20
 
 
 class GilMeter:
     """A sentinel thread measuring the wait for the GIL after a wake-up (see the module
-    docstring). Start it with :meth:`start`, read it with :meth:`take`, end it with
-    :meth:`close`."""
+    docstring), one reading per :data:`READING_WAKEUPS` wake-ups. Start it with
+    :meth:`start`, read it with :meth:`readings`, end it with :meth:`close`; :meth:`disturb`
+    leaves out the readings a known disturbance (starting a process) touched."""
 
-    def __init__(self, period_s: float = GIL_PERIOD_S) -> None:
-        self.period_s = period_s
+    def __init__(self, period_s: float | None = None, wakeups: int | None = None) -> None:
+        self.period_s = GIL_PERIOD_S if period_s is None else period_s
+        self.wakeups = READING_WAKEUPS if wakeups is None else wakeups
         self._lock = threading.Lock()
         self._waited = 0.0
-        self._wakeups = 0
+        self._count = 0
+        self._skip = 0  # readings still to leave out
+        self._readings: list[tuple[float, float]] = []  # (when it ended, share)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -52,25 +56,39 @@ class GilMeter:
             t0 = time.perf_counter()
             if stop.wait(period):
                 return
-            late = time.perf_counter() - t0 - period
+            now = time.perf_counter()
+            late = now - t0 - period
             queued = 0.0
-            now = thread_sched_seconds()
-            if now is not None and sched is not None:
-                queued = now[1] - sched[1]
-            sched = now
+            sched_now = thread_sched_seconds()
+            if sched_now is not None and sched is not None:
+                queued = sched_now[1] - sched[1]
+            sched = sched_now
             with self._lock:
                 self._waited += max(0.0, late - queued)
-                self._wakeups += 1
+                self._count += 1
+                if self._count < self.wakeups:
+                    continue
+                share = min(1.0, self._waited / self._count / sys.getswitchinterval())
+                self._waited, self._count = 0.0, 0
+                if self._skip:
+                    self._skip -= 1
+                else:
+                    self._readings.append((now, share))
 
-    def take(self) -> float | None:
-        """Mean wait for the GIL per wake-up since the last call, as a share of the switch
-        interval (0 to 1); None with fewer than :data:`MIN_WAKEUPS` wake-ups."""
+    def disturb(self, since: float) -> None:
+        """Something that holds the GIL happened after ``since`` (a ``time.perf_counter()``
+        value) and may go on a while: the readings that ended after it, the one under way and
+        the next are left out."""
         with self._lock:
-            if self._wakeups < MIN_WAKEUPS:
-                return None
-            waited, wakeups = self._waited, self._wakeups
-            self._waited, self._wakeups = 0.0, 0
-        return min(1.0, waited / wakeups / sys.getswitchinterval())
+            self._readings = [r for r in self._readings if r[0] <= since]
+            self._waited, self._count = 0.0, 0
+            self._skip = 1
+
+    def readings(self) -> list[float]:
+        """The readings so far, oldest first: mean wait for the GIL per wake-up, as a share of
+        the switch interval (0 to 1)."""
+        with self._lock:
+            return [share for _, share in self._readings]
 
     def close(self) -> None:
         self._stop.set()

@@ -386,6 +386,7 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         assert pool is not None and scaler is not None
         if self._handover == "drain":
             return  # the pool is about to be replaced: no workers started or retired now
+        t, before = time.perf_counter(), len(pool.active)
         decision = scaler.step(
             pool,
             wait_s=self._wait_s,
@@ -393,7 +394,8 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
             delivered=self._book.delivered,
             on_added=lambda worker_id: pool.send_ctrl(worker_id, self._catch_up_message()),
         )
-        self._watch_gil(discard=decision is not None or scaler.retiring > 0)
+        changed = len(pool.active) != before or scaler.retiring > 0
+        self._watch_gil(changed_since=t if changed else None)
         if decision is None:
             return
         self._notes.append(f"{time.monotonic() - self._started:.1f}s: {decision.reason}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -65,7 +66,8 @@ class AutoScaler:
         self._latencies: list[float] = []
         self._settled = now + CONTROL_INTERVAL_S  # start-up is not measured
         self._procs: dict[int, psutil.Process] = {}
-        self._main_cpu: float | None = None  # the main process's CPU seconds, last interval
+        self._main_cpu: float | None = None  # the consumer's CPU seconds, last interval
+        self._consumer_thread: int | None = None  # thread workers: the consuming thread
         # Sampled spans of worker batches: running and blocked seconds, and how many.
         self._blocked: tuple[float, float, int] | None = None
         self.retiring = 0  # retire requests not yet answered
@@ -128,8 +130,9 @@ class AutoScaler:
         return len(pool.active) - self.retiring
 
     def _cpu_seconds(self, pool: Any) -> tuple[float, float | None]:
-        """CPU time of the main process and live workers (threads: the process), and of the
-        main process alone (None with threads: it holds the workers too)."""
+        """CPU time of the main process and live workers (threads: the process), and the
+        consumer's: the main process's, or with thread workers (which share it) the CPU time
+        of the thread that consumes (None when another thread consumed last time)."""
         pids = [os.getpid()]
         if self.backend == "process":
             pids += [p for i in pool.active if (p := worker_pid(pool.processes[i])) is not None]
@@ -147,6 +150,12 @@ class AutoScaler:
                 continue
             if pid == pids[0] and self.backend == "process":
                 main = t.user + t.system
+        if self.backend == "thread":
+            consumer = threading.get_ident()
+            if consumer != self._consumer_thread:  # the first step, or another thread consumes
+                self._consumer_thread = consumer
+                self._main_cpu = None  # no delta to take this time
+            main = time.thread_time()
         return total, main
 
     def step(

@@ -9,13 +9,14 @@ samples/s against 2,067 for auto-sized processes (0.67x); on ``heavytail``, 945 
 1,466 (``benchmarks/gil_step.py``). Processes are never worse at covering waits, only
 heavier. So a ``num_workers="auto"`` loader whose probe chose threads for waits starts
 process workers and measures, with a :class:`stoker._gil.GilMeter`, how long a thread of the
-main process waits for the GIL while the loop runs (intervals in which workers were started
+main process waits for the GIL while the loop runs (readings taken while workers were started
 or retired, and the next, are left out: starting a process holds the GIL). Once
-:data:`HANDOVER_READINGS` control intervals have been read, a median share of the switch
-interval under :data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch
-pauses, the batches in flight are delivered, the processes stop and as many threads take over
-the rest of the epoch (dispatch is by batch index, so what is delivered does not change). A
-busier loop keeps the processes.
+:data:`HANDOVER_READINGS` readings were taken, a median share of the switch interval under
+:data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch
+pauses, the batches in flight are delivered, the processes stop and threads take over the rest
+of the epoch (dispatch is by batch index, so what is delivered does not change). A
+busier loop keeps the processes. Until it is decided, the process pool grows to at most
+:data:`WATCH_WORKERS_PER_CORE` per usable core.
 
 The other way round (threads to processes) is never done: threads load in the main
 process, and a dataset that opened a file or a database lazily there would hand the open
@@ -29,19 +30,23 @@ import time
 import weakref
 from typing import Any
 
-from stoker import _scaling
 from stoker._gil import GilMeter
+from stoker._platform import usable_cores
 from stoker._scaling import AutoScaler
 from stoker.workers._threads import ThreadPool
 
-__all__ = ["GIL_FREE", "HANDOVER_READINGS", "HandoverMixin"]
+__all__ = ["GIL_FREE", "HANDOVER_READINGS", "WATCH_WORKERS_PER_CORE", "HandoverMixin"]
 
-# Readings (one per control interval) the decision waits for, and the median GIL wait (a share
-# of the switch interval) under which the loop is taken to leave the GIL free.
+# Readings (of stoker._gil.READING_WAKEUPS wake-ups each, 0.2 s) the decision waits for, and
+# the median GIL wait (a share of the switch interval) under which the loop is taken to leave
+# the GIL free.
 # Measured with process workers on the bench's io: a trivial loop reads 0.02-0.04; a loop
 # running 2 ms of Python per 16 ms batch 0.15-0.26, 5 ms 0.29-0.49, 14 ms 1.0.
 HANDOVER_READINGS = 5
 GIL_FREE = 0.1
+# Process workers per usable core the pool may grow to while the handover is undecided: more
+# would be started only to be stopped a second later, and their memory is the peak's.
+WATCH_WORKERS_PER_CORE = 2
 
 
 class HandoverMixin:
@@ -62,8 +67,6 @@ class HandoverMixin:
         self._handover: str | None = None  # None, "watch" or "drain"
         self._gil: GilMeter | None = None
         self._gil_readings: list[float] = []
-        self._gil_clean = False  # whether the last interval read saw no change to the pool
-        self._gil_at = time.monotonic()
         # Weakly: the loader holds its persistent iterator, and a cycle would leave the workers
         # running after `del loader` until a garbage collection.
         self._handover_loader = weakref.ref(loader)
@@ -75,29 +78,29 @@ class HandoverMixin:
             self._handover = "watch"
             self._gil = GilMeter()
             self._gil.start()
+            controller = self._scaler.controller
+            self._uncapped = controller.max_workers
+            controller.max_workers = min(
+                controller.max_workers,
+                max(controller.workers, WATCH_WORKERS_PER_CORE * usable_cores()),
+            )
 
-    def _watch_gil(self, discard: bool) -> None:
-        """One control interval's GIL reading; decides once enough were taken.
+    def _watch_gil(self, changed_since: float | None) -> None:
+        """Decide once enough GIL readings were taken.
 
         Args:
-            discard: the interval's reading does not show the training loop (workers were
-                started or retired in it: starting a process holds the GIL for milliseconds).
+            changed_since: a ``time.perf_counter()`` value after which workers were started or
+                retired (starting a process holds the GIL for milliseconds): the readings that
+                touched it do not show the training loop. None: nothing changed.
         """
         if self._handover != "watch" or self._gil is None:
             return
-        now = time.monotonic()
-        if not discard and now - self._gil_at < _scaling.CONTROL_INTERVAL_S:
-            return  # one reading per control interval
-        self._gil_at = now
-        share = self._gil.take()
-        if share is None:
+        if changed_since is not None:
+            self._gil.disturb(changed_since)
+        readings = self._gil.readings()
+        if len(readings) < HANDOVER_READINGS:
             return
-        if discard or not self._gil_clean:
-            self._gil_clean = not discard  # the interval after a change is not clean either
-            return
-        self._gil_readings.append(share)
-        if len(self._gil_readings) < HANDOVER_READINGS:
-            return
+        self._gil_readings = readings[-HANDOVER_READINGS:]
         median = statistics.median(self._gil_readings)
         self._stop_gil_meter()
         loader = self._handover_loader()
@@ -114,6 +117,8 @@ class HandoverMixin:
             )
         else:
             self._handover = None
+            if self._scaler is not None:  # processes stay: they may grow as they need
+                self._scaler.controller.max_workers = self._uncapped
             self._notes.append(
                 f"{stamp}: the training loop holds the GIL (a waking thread waited {median:.0%} "
                 "of the switch interval for it): thread workers would wait for it after every "
@@ -121,7 +126,7 @@ class HandoverMixin:
             )
 
     def _hand_over(self) -> None:
-        """Replace the (drained) process pool with as many threads, mid-epoch."""
+        """Replace the (drained) process pool with threads, mid-epoch."""
         old, scaler = self._pool, self._scaler
         self._handover = None
         if old is None or old.closed or scaler is None:
@@ -132,8 +137,11 @@ class HandoverMixin:
         self._scaler = AutoScaler.for_pool(
             "thread", n, self._prefetch, scaler.controller.tune_prefetch
         )
+        # As many threads as processes, or as the processes' blocked share calls for (threads
+        # that wait for the GIL read as blocked: the processes' share is the samples' own).
+        m = self._scaler.controller.take_over(scaler.controller)
         capacity = self._scaler.controller.max_workers
-        pool = ThreadPool(self._specs(n), self._payload, capacity=capacity)  # type: ignore[attr-defined]
+        pool = ThreadPool(self._specs(m), self._payload, capacity=capacity)  # type: ignore[attr-defined]
         self._pool = pool
         self._workers = pool.processes
         self._ready = set()
@@ -141,7 +149,7 @@ class HandoverMixin:
         for i in pool.active:
             pool.send_ctrl(i, catch_up)
         self._notes.append(
-            f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {n} threads"
+            f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {m} threads"
         )
 
     def _stop_gil_meter(self) -> None:
