@@ -140,7 +140,6 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
             "drop_last": self._drop_last,
             "on_error": self._policy.on_error,
         }
-        specs = self._specs(n)
         payload = self._payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
         self._backend = fallback_backend(loader._resolved_backend, ctx.get_start_method())
@@ -152,7 +151,14 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
                 self._backend, n, self._prefetch, loader._auto_prefetch
             )
             capacity = self._scaler.controller.max_workers
-            self._scaler.slow_start(n)
+            now = self._scaler.slow_start(n)
+            if now < n:
+                self._notes.append(
+                    f"slow start: {now} of {n} workers started (one batch in flight per core); "
+                    "the rest start as idle cores show the loading waits"
+                )
+                n = now
+        specs = self._specs(n)
         if self._backend == "thread":
             self._pool = ThreadPool(specs, payload, capacity=capacity)
         else:
@@ -285,7 +291,7 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         scaler = self._scaler
         if scaler is not None and scaler.window is not None:
             if scaler.window >= limit:
-                scaler.window = None  # the slow start is over
+                scaler.end_slow_start()  # the slow start is over
             else:
                 limit = scaler.window
         while not self._sampler_done and book.outstanding < limit:

@@ -1,9 +1,10 @@
 """``backend="auto"``: a short measurement that picks inline, thread or process loading.
 
 It runs in a forked child (a copy of the process, as a worker would be) and loads samples one
-at a time, timing wall and CPU time of each and collating them into batches; then it loads the
-same samples again with two threads at once; and it measures how many private bytes reading
-them copied (copy-on-read of Python objects). Then:
+at a time, timing wall and CPU time of each and collating them into batches, and measures how
+many private bytes reading them copied (copy-on-read of Python objects); then, where samples
+wait or the dataset would be copied (elsewhere the answer is processes whatever threads do), it
+loads as many other samples with two threads at once. Then:
 
 * **threads** when the typical sample mostly *waits* (storage, network: the median sample
   uses little CPU for its wall time) and two threads load nearly twice as fast as one: many
@@ -125,6 +126,40 @@ def _two_threads(dataset: Any, indices: list[int]) -> tuple[list[float], float]:
     for t in threads:
         t.join()
     return [w for part in walls for w in part], max(time.perf_counter() - t0, 1e-9)
+
+
+def _thread_speedup(
+    dataset: Any, n: int, walls: list[float], start: int, t0: float, budget_s: float
+) -> tuple[float, int]:
+    """How much faster two threads load than one, and the next fresh stride step.
+
+    ``walls`` are the serial pass's sample times (begun at ``t0``); the threads load as many
+    other samples, from stride step ``start``, as cold as the serial pass's.
+    """
+    loaded, serial = len(walls), sum(walls)
+    parallel_walls, wall2 = _two_threads(dataset, _fresh(n, start, loaded))
+    start += loaded
+    # Cheap samples leave budget over: more rounds of one thread against two, on fresh samples,
+    # and the quickest of each counts, so that one preemption of a pass lasting milliseconds
+    # does not decide (a 5 ms stall made a GIL-bound serial pass look 1.8x slower than two
+    # threads taking turns).
+    one_best, two_best = serial, wall2
+    for _ in range(PROBE_ROUNDS - 1):
+        if time.perf_counter() - t0 + 2 * (one_best + two_best) > budget_s:
+            break
+        fresh = _fresh(n, start, 2 * loaded)
+        start += 2 * loaded
+        w1 = time.perf_counter()
+        _load(dataset, fresh[:loaded], [])
+        one_best = min(one_best, time.perf_counter() - w1)
+        two_best = min(two_best, _two_threads(dataset, fresh[loaded:])[1])
+    # Two threads that run in parallel load each sample as fast as one thread alone; two that
+    # take turns, half as fast. By the median sample, so that a rare slow sample does not
+    # decide, and by the total, which shows turn-taking on samples shorter than the
+    # interpreter's switch interval: the lower of the two.
+    per_sample = max(statistics.median(parallel_walls), 1e-9)
+    by_median = 2 * statistics.median(walls) / per_sample if loaded > 1 else 1.0
+    return min(by_median, one_best / two_best), start
 
 
 def _busy_cores(dataset: Any, n: int, start: int, count: int, seconds: float) -> float:
@@ -257,31 +292,14 @@ def choose_backend(
         max(0.0, 1.0 - c / w) if w > 0 else 0.0 for c, w in zip(cpus, walls, strict=True)
     )
     waiting_all = max(0.0, 1.0 - sum(cpus) / serial) if serial > 0 else 0.0
-    # Two threads, each loading half as many other samples (as cold as the serial pass's).
-    parallel_walls, wall2 = _two_threads(dataset, _fresh(n, len(order), loaded))
-    # Cheap samples leave budget over: more rounds of one thread against two, on fresh samples,
-    # and the quickest of each counts, so that one preemption of a pass lasting milliseconds
-    # does not decide (a 5 ms stall made a GIL-bound serial pass look 1.8x slower than two
-    # threads taking turns).
-    one_best, two_best = serial, wall2
+    cow = copied >= COW_BYTES_PER_SAMPLE and _holds_python_objects(dataset)
     next_index = len(order) + loaded
-    for _ in range(PROBE_ROUNDS - 1):
-        if time.perf_counter() - t0 + 2 * (one_best + two_best) > budget_s:
-            break
-        fresh = _fresh(n, next_index, 2 * loaded)
-        next_index += 2 * loaded
-        w1 = time.perf_counter()
-        _load(dataset, fresh[:loaded], [])
-        one_best = min(one_best, time.perf_counter() - w1)
-        two_best = min(two_best, _two_threads(dataset, fresh[loaded:])[1])
-    # Two threads that run in parallel load each sample as fast as one thread alone; two that
-    # take turns, half as fast. By the median sample, so that a rare slow sample does not
-    # decide, and by the total, which shows turn-taking on samples shorter than the
-    # interpreter's switch interval: the lower of the two.
-    per_sample = max(statistics.median(parallel_walls), 1e-9)
-    by_median = 2 * statistics.median(walls) / per_sample if loaded > 1 else 1.0
-    by_total = one_best / two_best
-    speedup = min(by_median, by_total)
+    speedup = 0.0
+    # How two threads fare matters only to samples that wait and to datasets that forked
+    # workers would copy: CPU work goes to processes whatever it is (the rounds would take
+    # the rest of the budget, hundreds of milliseconds before the first worker starts).
+    if waiting >= THREAD_WAIT_SHARE or cow:
+        speedup, next_index = _thread_speedup(dataset, n, walls, next_index, t0, budget_s)
     parallel = speedup >= THREAD_SPEEDUP
     if waiting >= THREAD_WAIT_SHARE and parallel:
         if detail is not None:
@@ -311,19 +329,22 @@ def choose_backend(
             f"a batch loads in {batch_s * 1e3:.2f} ms: less than receiving it from a worker "
             "would cost the main process, so it loads there"
         )
-    if copied >= COW_BYTES_PER_SAMPLE and _holds_python_objects(dataset):
-        cow = (
+    if cow:
+        cow_why = (
             f"forked workers would copy the dataset as they read it ({copied / 1024:,.1f} KiB "
             "per sample measured; `stoker.compact` or numpy arrays let processes share it)"
         )
         if parallel:
-            return "thread", f"{cow}; two threads loaded {speedup:.1f}x as fast as one: threads"
+            return "thread", (
+                f"{cow_why}; two threads loaded {speedup:.1f}x as fast as one: threads"
+            )
         if allow_inline:
             return "inline", (
-                f"{cow}; two threads loaded only {speedup:.1f}x as fast as one (the work holds "
-                f"the GIL); a batch loads in {batch_s * 1e3:.2f} ms: loading in the main process"
+                f"{cow_why}; two threads loaded only {speedup:.1f}x as fast as one (the work "
+                f"holds the GIL); a batch loads in {batch_s * 1e3:.2f} ms: loading in the main "
+                "process"
             )
-        return "thread", f"{cow}: threads share it"
+        return "thread", f"{cow_why}: threads share it"
     if waiting < THREAD_WAIT_SHARE:
         return "process", (
             f"loading is CPU work (the median sample computes {1 - waiting:.0%} of its time): "

@@ -78,12 +78,11 @@ class HandoverMixin:
             self._handover = "watch"
             self._gil = GilMeter()
             self._gil.start()
-            controller = self._scaler.controller
+            controller, running = self._scaler.controller, len(self._pool.active)
+            cap = max(running, WATCH_WORKERS_PER_CORE * usable_cores())
             self._uncapped = controller.max_workers
-            controller.max_workers = min(
-                controller.max_workers,
-                max(controller.workers, WATCH_WORKERS_PER_CORE * usable_cores()),
-            )
+            controller.max_workers = min(controller.max_workers, cap)
+            self._scaler.deferred = min(self._scaler.deferred, cap - running)
 
     def _watch_gil(self, changed_since: float | None) -> None:
         """Decide once enough GIL readings were taken.

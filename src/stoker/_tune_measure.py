@@ -159,7 +159,7 @@ class WorkerSession:
         scaler = getattr(self._it, "_scaler", None)
         if scaler is None:  # pragma: no cover - auto loaders over map-style datasets have one
             raise RuntimeError("the tune session's loader has no worker controller")
-        scaler.window = None  # the schedule sets the counts: no slow start to time
+        scaler.end_slow_start()  # the schedule sets the counts: no slow start to time
         self._scaler = scaler
         self._schedule = _Schedule(workers, prefetch)
         scaler.controller = self._schedule

@@ -675,7 +675,8 @@ class _Napping(tud.Dataset):
 
 def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(monkeypatch):
     """All at once, 16 workers on 2 cores finish their first batches late together; a slow
-    start hands out one batch per core, then widens as cores sit idle, and lifts."""
+    start hands out one batch per core to as many workers, then widens as cores sit idle,
+    starting more, and lifts."""
     import stoker
     from stoker import _scaling
     from stoker import loader as loader_module
@@ -687,10 +688,43 @@ def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(mo
     monkeypatch.setattr(_scaling, "SLOW_START_INTERVALS", 3)
     loader = stoker.DataLoader(_Napping(), batch_size=2, num_workers="auto", backend="process")
     it = iter(loader)
-    scaler = it._scaler
+    scaler, pool = it._scaler, it._pool
     assert scaler is not None and scaler.window == cores
     assert it._book.outstanding == cores
+    assert len(pool.active) == cores and scaler.deferred == 2  # the other two wait
+    assert f"slow start: {cores} of {cores + 2} workers started" in " ".join(it._notes)
     assert [int(x) for b in it for x in b] == list(range(200))
-    assert scaler.window is None  # lifted: widened past the prefetch depth, or timed out
+    assert scaler.window is None and scaler.deferred == 0  # lifted
+    # The samples wait (cores sat idle): the window widened and started the deferred ones.
+    assert len(pool.processes) > cores, it._notes
+    del it
+    gc.collect()
+
+
+class _Busy(tud.Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> int:
+        end = time.perf_counter() + 0.004
+        while time.perf_counter() < end:
+            pass
+        return i
+
+
+def test_a_slow_start_on_busy_cores_never_starts_the_deferred_workers(monkeypatch):
+    import stoker
+    from stoker import _scaling
+    from stoker import loader as loader_module
+    from stoker._platform import usable_cores
+
+    cores = usable_cores()
+    monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 6)
+    monkeypatch.setattr(_scaling, "CONTROL_INTERVAL_S", 0.02)
+    loader = stoker.DataLoader(_Busy(), batch_size=2, num_workers="auto", backend="process")
+    it = iter(loader)
+    pool = it._pool
+    assert [int(x) for b in it for x in b] == list(range(64))
+    assert len(pool.processes) <= cores + 1, it._notes  # CPU work: no idle cores to fill
     del it
     gc.collect()
