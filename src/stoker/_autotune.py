@@ -448,10 +448,12 @@ class Controller:
         share = blocked / (blocked + running)
         return workers_to_fill(self._loading_cores(obs.cores), share, cap=self.max_workers), share
 
-    def take_over(self, other: Controller) -> int:
+    def take_over(self, other: Controller, at_least: int = 1) -> int:
         """Start from what ``other`` (the controller of a pool this one replaces) measured of
-        the workers' blocking and the consumer's CPU, with at least the workers that blocked
-        share calls for; returns the count to start with (:attr:`workers`)."""
+        the workers' blocking and the consumer's CPU, with ``at_least`` workers (bounded by
+        :attr:`max_workers`) or the workers that blocked share calls for, whichever is more;
+        returns the count to start with (:attr:`workers`)."""
+        self.workers = max(self.workers, min(self.max_workers, at_least))
         self._blocked, self._consumer = other._blocked, other._consumer
         blocked, running, _ = self._blocked
         if other._cores is not None and self._sampled_enough() and blocked > 0:

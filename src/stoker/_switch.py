@@ -142,9 +142,9 @@ class HandoverMixin:
         # for (threads that wait for the GIL read as blocked: the processes' share is the
         # samples' own). Threads cost no process, and too few cost more than too many: on the
         # bench's heavytail, 8 to 16 threads loaded within 3% of each other, 6 threads 8% less.
-        controller = self._scaler.controller
-        controller.workers = min(controller.max_workers, HANDOVER_THREADS_PER_PROCESS * n)
-        m = controller.take_over(scaler.controller)
+        m = self._scaler.controller.take_over(
+            scaler.controller, at_least=HANDOVER_THREADS_PER_PROCESS * n
+        )
         capacity = self._scaler.controller.max_workers
         pool = ThreadPool(self._specs(m), self._payload, capacity=capacity)  # type: ignore[attr-defined]
         self._pool = pool
