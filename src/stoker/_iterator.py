@@ -204,6 +204,7 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
                 self._discard(msg)
         self._epoch = resume.epoch if resume is not None else loader._epochs_started
         loader._epochs_started = self._epoch + 1
+        pool.status.set_epoch(self._epoch)  # workers give up the last epoch's batches
         self._state = EpochState(
             epoch=self._epoch,
             rng=rng_at_start if resume is None or resume.rng is None else resume.rng,
@@ -449,6 +450,8 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return
+        if kind == "Q":  # workers give up only earlier epochs' batches (see StatusTable)
+            raise RuntimeError(f"stoker: a worker gave up batch {idx} of the current epoch")
         if idx in self._fast_forward:  # delivered before the checkpoint: drop it again
             self._fast_forward.discard(idx)
             self._discard(msg)

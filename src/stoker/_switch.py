@@ -63,6 +63,7 @@ class HandoverMixin:
     _workers: Any
     _ready: set[int]
     _payload: tuple[Any, ...]
+    _epoch: int
 
     def _watch_for_handover(self, loader: Any) -> None:
         """Start measuring the GIL when the loader wants threads but started processes."""
@@ -147,6 +148,7 @@ class HandoverMixin:
         )
         capacity = self._scaler.controller.max_workers
         pool = ThreadPool(self._specs(m), self._payload, capacity=capacity)  # type: ignore[attr-defined]
+        pool.status.set_epoch(self._epoch)
         self._pool = pool
         self._workers = pool.processes
         self._ready = set()

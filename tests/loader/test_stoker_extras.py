@@ -664,6 +664,61 @@ def test_retire_requests_go_ahead_of_queued_tasks(backend: str) -> None:
     gc.collect()
 
 
+class _GatedLog(tud.Dataset):
+    """Logs every index it loads (a file: worker processes too); index ``gated`` waits until
+    the gate file exists."""
+
+    def __init__(self, log: str, gate: str, gated: int) -> None:
+        self.log, self.gate, self.gated = log, gate, gated
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        deadline = time.monotonic() + 20
+        while i == self.gated and not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with open(self.log, "a") as f:
+            f.write(f"{i}\n")
+        return i
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_a_batch_of_an_abandoned_epoch_is_given_up_at_its_next_sample(
+    backend: str, on_error: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an early `break`, a worker finishing the batch it held would make the next
+    epoch's first batch wait (a whole batch on a slow dataset); it gives the batch up at the
+    next sample instead, and the next epoch is whole."""
+    import stoker
+    from stoker.workers import _fetch
+
+    monkeypatch.setattr(_fetch, "STOP_CHECK_S", 0.0)  # check between every two samples
+
+    log, gate = str(tmp_path / "log"), str(tmp_path / "gate")
+    loader = stoker.DataLoader(
+        _GatedLog(log, gate, gated=5),
+        batch_size=4,
+        num_workers=1,
+        backend=backend,
+        on_error=on_error,
+    )
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1, 2, 3]
+    deadline = time.monotonic() + 10
+    while "4\n" not in Path(log).read_text() and time.monotonic() < deadline:
+        time.sleep(0.005)  # the worker is at sample 5 of batch 1
+    del it  # break: the epoch is abandoned
+    it = iter(loader)  # a new epoch: batch 1 of the last one is given up after sample 5
+    Path(gate).touch()
+    assert [b.tolist() for b in it] == [list(range(i, i + 4)) for i in range(0, 16, 4)]
+    loaded = [int(x) for x in Path(log).read_text().split()]
+    assert loaded[:6] == [0, 1, 2, 3, 4, 5] and loaded[6:] == list(range(16)), loaded
+    del it, loader
+    gc.collect()
+
+
 class _Napping(tud.Dataset):
     def __len__(self) -> int:
         return 200

@@ -2,7 +2,8 @@
 
 A worker takes a task (``B``: fetch and collate the samples of one batch), records it in the
 shared status table, reseeds ``torch``/``random``/``numpy`` from the task's seed, collates
-straight into a shared-memory slot, and sends a small header back. Control messages (``E``: a
+straight into a shared-memory slot, and sends a small header back (or ``Q``: it gave the batch
+up, its epoch abandoned by the loop). Control messages (``E``: a
 new epoch, with the dataset attributes the main process changed; ``S``: stop) come on its own
 control pipe. When the main process dies the worker unlinks the pool's shared memory and
 exits, even while user code blocks (a watcher thread, and ``PR_SET_PDEATHSIG`` on Linux).
@@ -34,7 +35,7 @@ from stoker._seeding import seed_all
 from stoker.transport import SlotArena, encode
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
-from stoker.workers._fetch import BatchFetcher, SkipBatch, fetch_stream
+from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
@@ -282,12 +283,20 @@ class _Worker:
         try:
             arena.begin()
             self.blocked.begin()
-            batch, failures = fetch_stream(self.fetcher, error, self.spec.on_error, index, seed)
+            stop = None if self.spec.iterable else self.status.abandoned(epoch)
+            batch, failures = fetch_stream(
+                self.fetcher, error, self.spec.on_error, index, seed, stop
+            )
             enc = encode(batch, arena)
             del batch
             sampled = self.blocked.end()
         except StopIteration:
             self.send(("Z", epoch, idx, wid, self._dataset_state()))
+            return
+        except Abandoned:
+            arena.current = None
+            self.blocked.end()
+            self.send(("Q", epoch, idx, wid))
             return
         except SkipBatch as skip:
             arena.current = None

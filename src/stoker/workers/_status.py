@@ -4,12 +4,16 @@ One row per worker: the task index it works on (-1 when idle), when it started i
 (``time.monotonic``, which is system-wide on Linux), the epoch, and its pid. A worker writes
 its row when it takes and finishes a task; the main process reads rows to find the batches a
 dead worker held, to name the worker a timeout waits on, and to show stalls in the stats.
+A last row, the main process's, holds the epoch being loaded: workers read it between samples
+and give up a batch of an earlier epoch, one the loop abandoned (an early ``break``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,12 +39,13 @@ class StatusTable:
         self._buf: Any = None
         self._ints: np.ndarray | None = None
         self._floats: np.ndarray | None = None
+        self._current: Any = None  # the epoch being loaded (a ctypes int64 in the last row)
 
     @classmethod
     def create(cls, path: str, rows: int) -> StatusTable:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, max(1, rows) * _ROW * 8)
+            os.ftruncate(fd, (max(1, rows) + 1) * _ROW * 8)  # + the main process's row
         finally:
             os.close(fd)
         table = cls(path)
@@ -61,6 +66,8 @@ class StatusTable:
             raw = np.frombuffer(self._buf, dtype=np.uint8)
             self._ints = raw.view(np.int64).reshape(-1, _ROW)
             self._floats = raw.view(np.float64).reshape(-1, _ROW)
+            offset = (len(self._ints) - 1) * _ROW * 8
+            self._current = ctypes.c_int64.from_buffer(self._buf, offset)
 
     # -- worker side ---------------------------------------------------------------------
 
@@ -74,6 +81,13 @@ class StatusTable:
     def end(self, worker_id: int) -> None:
         assert self._ints is not None
         self._ints[worker_id, _TASK] = IDLE
+
+    def abandoned(self, epoch: int) -> Callable[[], bool]:
+        """A check, cheap enough to run between samples, that a later epoch than ``epoch`` is
+        loaded (epochs only count up: a resumed earlier epoch gives nothing up)."""
+        self._attach()
+        current = self._current
+        return lambda: current.value > epoch
 
     def hello(self, worker_id: int) -> None:
         self._attach()
@@ -94,3 +108,8 @@ class StatusTable:
         self._attach()
         assert self._ints is not None
         self._ints[worker_id, _TASK] = IDLE
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch now loaded: tasks of earlier ones are given up at their next sample."""
+        self._attach()
+        self._current.value = epoch

@@ -16,13 +16,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
-from stoker.workers._fetch import BatchFetcher, SkipBatch, fetch_stream
+from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec, _BlockedSampler
 from stoker.workers._status import IDLE
 
@@ -58,6 +59,13 @@ class _Status:
 
     def __init__(self, rows: int) -> None:
         self._rows = [[0, IDLE, 0.0] for _ in range(rows)]
+        self._current = -1  # the epoch being loaded
+
+    def abandoned(self, epoch: int) -> Callable[[], bool]:
+        return lambda: self._current > epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._current = epoch
 
     def begin(self, worker_id: int, epoch: int, task: int) -> None:
         self._rows[worker_id] = [epoch, task, time.monotonic()]
@@ -138,10 +146,17 @@ class _ThreadWorker:
         error, self.fetcher_error = self.fetcher_error, None  # reported once
         try:
             self.blocked.begin()
-            batch, failures = fetch_stream(self.fetcher, error, self.spec.on_error, index, seed)
+            stop = None if self.spec.iterable else pool.status.abandoned(epoch)
+            batch, failures = fetch_stream(
+                self.fetcher, error, self.spec.on_error, index, seed, stop
+            )
             sampled = self.blocked.end()
         except StopIteration:
             pool.results.put(("Z", epoch, idx, wid))
+            return
+        except Abandoned:
+            self.blocked.end()
+            pool.results.put(("Q", epoch, idx, wid))
             return
         except SkipBatch as skip:
             pool.results.put(("K", epoch, idx, wid, skip.failures))
