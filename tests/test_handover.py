@@ -131,3 +131,46 @@ def test_a_loop_that_holds_the_gil_keeps_its_processes(quick: None) -> None:
     notes = " | ".join(stats.notes)
     assert stats.backend == "process" and "holds the GIL" in notes, notes
     del loader
+
+
+class Slow(Dataset):
+    """Each sample waits 10 ms: a process worker is mid-batch when the handover comes."""
+
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.01)
+        return torch.full((4,), float(i))
+
+
+def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
+    quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for the processes' batches in flight to be delivered held the threads back
+    (0.4 s on the bench's heavytail): the handover takes back the tasks no process started,
+    the processes give up the batches they load at their next sample, and threads load both;
+    the batches the processes finished are delivered from their slots."""
+    monkeypatch.setattr(_switch, "HANDOVER_READINGS", 10**6)  # decided below, not by the meter
+    loader = stoker.DataLoader(Slow(), batch_size=8, num_workers="auto")
+    it = iter(loader)
+    assert it._handover == "watch" and it._backend == "process"
+    # The pool starts at the watch's size and stays there until it is decided.
+    controller = it._scaler.controller
+    assert len(it._pool.active) == _switch.watch_workers(10**6)
+    assert controller.min_workers == controller.max_workers == len(it._pool.active)
+    seen = [int(v) for v in next(it)[:, 0]]
+    time.sleep(0.03)  # every process is inside a batch
+    loading = {it._pool.status.task(i)[1] for i in it._pool.active} - {-1}
+    given_up: list[int] = []
+    take_back = it._take_back
+    monkeypatch.setattr(it, "_take_back", lambda msg: (given_up.append(msg[2]), take_back(msg)))
+    monkeypatch.setattr(_switch, "HANDOVER_READINGS", 1)
+    monkeypatch.setattr(it._gil, "readings", lambda: [0.0])
+    it._watch_gil(None)  # the loop leaves the GIL free: hand over
+    assert it._handover == "drain" and it._handback  # queued tasks taken back
+    seen += [int(v) for batch in it for v in batch[:, 0]]
+    assert seen == list(range(160))
+    assert given_up and set(given_up) <= loading, (given_up, loading)
+    assert it._backend == "thread" and not it._handback
+    del it, loader

@@ -34,7 +34,7 @@ from stoker._scaling import AutoScaler
 from stoker._seeding import batch_seed, epoch_seed
 from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
-from stoker._switch import HandoverMixin
+from stoker._switch import HandoverMixin, watch_workers
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import Failure
 from stoker.transport import (
@@ -48,7 +48,7 @@ from stoker.workers import WorkerPool
 from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
 from stoker.workers._status import IDLE
-from stoker.workers._threads import ThreadPool
+from stoker.workers._threads import THREAD_REPLY_FIELDS, ThreadPool
 
 __all__ = ["MultiWorkerIterator"]
 
@@ -152,6 +152,11 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
             )
             capacity = self._scaler.controller.max_workers
             now = self._scaler.slow_start(n)
+            if self._watching(loader):
+                # The loading waits (the probe saw it), and the pool stops growing at the
+                # watch's cap: start that many now, as growing there would hold up the watch.
+                self._scaler.end_slow_start()
+                n = now = watch_workers(n)
             if now < n:
                 self._notes.append(
                     f"slow start: {now} of {n} workers started (one batch in flight per core); "
@@ -196,6 +201,7 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         pool = self._pool
         if pool is None or pool.closed:
             return
+        self._handback = {}  # tasks of the last epoch taken back for a handover
         if self._book.outstanding:
             # The last epoch was abandoned (early `break`): forget what it left behind.
             if not self._iterable:
@@ -334,6 +340,9 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         t0 = time.perf_counter()
         book = self._book
         while True:
+            if self._handover == "drain" and self._drained():
+                self._hand_over()  # the processes hold no batch: threads take over
+                self._fill()
             got = book.pop()
             if got is not None:
                 self._fill()
@@ -351,10 +360,6 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
                 if not self._persistent_workers:
                     self._shutdown()
                 raise StopIteration
-            if self._handover == "drain" and book.outstanding == 0:
-                self._hand_over()  # every batch in flight was delivered: threads take over
-                self._fill()
-                continue
             self._receive(t0)
 
     def _receive(self, t0: float) -> None:
@@ -450,8 +455,11 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return
-        if kind == "Q":  # workers give up only earlier epochs' batches (see StatusTable)
-            raise RuntimeError(f"stoker: a worker gave up batch {idx} of the current epoch")
+        if kind == "Q":  # given up: only for a later epoch, or for the handover to threads
+            if self._handover != "drain":
+                raise RuntimeError(f"stoker: a worker gave up batch {idx} of the current epoch")
+            self._take_back(msg)
+            return
         if idx in self._fast_forward:  # delivered before the checkpoint: drop it again
             self._fast_forward.discard(idx)
             self._discard(msg)
@@ -516,7 +524,7 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         if self._failures and isinstance(self._policy.max_failures, float):
             # A fractional limit can be exceeded by early failures alone: check as samples come.
             self._policy.check(self._failures, self._samples + self._failed_samples)
-        if self._backend == "thread":
+        if len(msg) == THREAD_REPLY_FIELDS:  # a thread's batch (the backend may have changed)
             batch = payload
         else:
             batch = decode(payload, slot, self._slots, msg[11] if len(msg) > 11 else None)

@@ -162,12 +162,16 @@ def _thread_speedup(
     return min(by_median, one_best / two_best), start
 
 
-def _busy_cores(dataset: Any, n: int, start: int, count: int, seconds: float) -> float:
+def _busy_cores(
+    dataset: Any, n: int, start: int, count: int, seconds: float, join: bool = True
+) -> float:
     """Cores that ``count`` threads loading fresh samples kept busy on average over
     ``seconds``: process CPU time over wall time, while every thread was still loading.
 
     A thread waiting for the GIL sleeps, so GIL-bound threads keep at most one core busy
-    however many there are.
+    however many there are. ``join=False`` leaves the threads to finish their samples
+    unwaited (in the probe's forked child, which exits after answering: waiting for the
+    slowest sample in flight added 0.15 s to the bench's heavytail probe).
     """
     stop = threading.Event()
     ks = itertools.count(start)
@@ -183,7 +187,7 @@ def _busy_cores(dataset: Any, n: int, start: int, count: int, seconds: float) ->
     time.sleep(seconds)
     cores = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
     stop.set()
-    for t in threads:
+    for t in threads if join else ():
         t.join()
     return cores
 
@@ -314,7 +318,7 @@ def choose_backend(
         # one, GIL or not: whether the work between them runs in parallel shows in the cores
         # that threads enough to fill three of them, were it GIL-free, keep busy.
         count = min(TAIL_MAX_THREADS, max(2, math.ceil(3 / max(1.0 - waiting_all, 1e-3))))
-        cores = _busy_cores(dataset, n, next_index, count, TAIL_WINDOW_S)
+        cores = _busy_cores(dataset, n, next_index, count, TAIL_WINDOW_S, join=not forked)
         if cores >= TAIL_PARALLEL_CORES:
             if detail is not None:
                 detail["waits"] = True

@@ -12,11 +12,15 @@ process workers and measures, with a :class:`stoker._gil.GilMeter`, how long a t
 main process waits for the GIL while the loop runs (readings taken while workers were started
 or retired, and the next, are left out: starting a process holds the GIL). Once
 :data:`HANDOVER_READINGS` readings were taken, a median share of the switch interval under
-:data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch
-pauses, the batches in flight are delivered, the processes stop and threads take over the rest
-of the epoch (dispatch is by batch index, so what is delivered does not change). A
-busier loop keeps the processes. Until it is decided, the process pool grows to at most
-:data:`WATCH_WORKERS_PER_CORE` per usable core.
+:data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch pauses, the tasks no
+process has taken yet are taken back, the processes give up the batches they are loading at
+their next sample, the processes stop and threads take over the tasks taken back and the rest
+of the epoch (dispatch is by batch index, so what is delivered does not change; the batches
+the processes finished are delivered from their slots). A
+busier loop keeps the processes. Until it is decided, the process pool stays as it started:
+:data:`WATCH_WORKERS_PER_CORE` per usable core (fewer if the loader was told to start with
+fewer): a change would hold up the decision, and processes started for it would be stopped
+a second later.
 
 The other way round (threads to processes) is never done: threads load in the main
 process, and a dataset that opened a file or a database lazily there would hand the open
@@ -30,12 +34,20 @@ import time
 import weakref
 from typing import Any
 
+from stoker._dispatch import TaskBook
 from stoker._gil import GilMeter
 from stoker._platform import usable_cores
 from stoker._scaling import AutoScaler
+from stoker._seeding import batch_seed
 from stoker.workers._threads import ThreadPool
 
-__all__ = ["GIL_FREE", "HANDOVER_READINGS", "WATCH_WORKERS_PER_CORE", "HandoverMixin"]
+__all__ = [
+    "GIL_FREE",
+    "HANDOVER_READINGS",
+    "WATCH_WORKERS_PER_CORE",
+    "HandoverMixin",
+    "watch_workers",
+]
 
 # Readings (of stoker._gil.READING_WAKEUPS wake-ups each, 0.2 s) the decision waits for, and
 # the median GIL wait (a share of the switch interval) under which the loop is taken to leave
@@ -51,6 +63,15 @@ HANDOVER_THREADS_PER_PROCESS = 2
 WATCH_WORKERS_PER_CORE = 2
 
 
+def watch_workers(workers: int) -> int:
+    """Process workers to start for the watch: ``workers`` up to its cap.
+
+    Started at the cap, the pool does not grow during the watch, and no reading is lost to a
+    worker starting (a pool grown from 2 to 4 on the bench's heavytail decided 0.5 s later).
+    """
+    return max(1, min(workers, WATCH_WORKERS_PER_CORE * usable_cores()))
+
+
 class HandoverMixin:
     """The process-to-thread handover of :class:`stoker._iterator.MultiWorkerIterator`."""
 
@@ -64,28 +85,39 @@ class HandoverMixin:
     _ready: set[int]
     _payload: tuple[Any, ...]
     _epoch: int
+    _epoch_seed: int
+    _book: TaskBook[Any]
+
+    def _watching(self, loader: Any) -> bool:
+        """Whether this iterator starts processes to hand over to threads later."""
+        return (
+            getattr(loader, "_threads_wanted", False)
+            and self._scaler is not None
+            and self._backend == "process"
+        )
 
     def _watch_for_handover(self, loader: Any) -> None:
         """Start measuring the GIL when the loader wants threads but started processes."""
         self._handover: str | None = None  # None, "watch" or "drain"
+        self._handback: dict[int, tuple[Any, ...]] = {}  # batch index -> task, for threads
         self._gil: GilMeter | None = None
         self._gil_readings: list[float] = []
         # Weakly: the loader holds its persistent iterator, and a cycle would leave the workers
         # running after `del loader` until a garbage collection.
         self._handover_loader = weakref.ref(loader)
-        if (
-            getattr(loader, "_threads_wanted", False)
-            and self._scaler is not None
-            and self._backend == "process"
-        ):
+        if self._watching(loader):
+            assert self._scaler is not None
             self._handover = "watch"
             self._gil = GilMeter()
             self._gil.start()
+            # The pool stays as started until it is decided: a worker started or retired
+            # holds up the decision (its readings are left out), and a process pool that
+            # shrank on saturated cores handed fewer processes over (threads then took
+            # seconds to grow back).
             controller, running = self._scaler.controller, len(self._pool.active)
-            cap = max(running, WATCH_WORKERS_PER_CORE * usable_cores())
-            self._uncapped = controller.max_workers
-            controller.max_workers = min(controller.max_workers, cap)
-            self._scaler.deferred = min(self._scaler.deferred, cap - running)
+            self._unpinned = (controller.min_workers, controller.max_workers)
+            controller.min_workers = controller.max_workers = running
+            self._scaler.deferred = 0
 
     def _watch_gil(self, changed_since: float | None) -> None:
         """Decide once enough GIL readings were taken.
@@ -113,6 +145,10 @@ class HandoverMixin:
         stamp = f"{time.monotonic() - self._started:.1f}s"
         if median < GIL_FREE:
             self._handover = "drain"
+            # Take back what no process started, and have them give up what they load now
+            # (waiting for those batches held the threads back 0.4 s on the bench's heavytail).
+            self._handback = {m[2]: m for m in self._pool.drain_tasks()}
+            self._pool.status.give_up_all()
             self._notes.append(
                 f"{stamp}: the training loop leaves the GIL free (a waking thread waited "
                 f"{median:.0%} of the switch interval for it): handing over to threads"
@@ -120,12 +156,24 @@ class HandoverMixin:
         else:
             self._handover = None
             if self._scaler is not None:  # processes stay: they may grow as they need
-                self._scaler.controller.max_workers = self._uncapped
+                controller = self._scaler.controller
+                controller.min_workers, controller.max_workers = self._unpinned
             self._notes.append(
                 f"{stamp}: the training loop holds the GIL (a waking thread waited {median:.0%} "
                 "of the switch interval for it): thread workers would wait for it after every "
                 "wait, so processes stay"
             )
+
+    def _take_back(self, msg: tuple[Any, ...]) -> None:
+        """A process gave up a batch (``Q``) while the handover drains: threads will load it."""
+        epoch, idx = msg[1], msg[2]
+        index = self._book.request(idx)
+        self._handback[idx] = ("B", epoch, idx, batch_seed(self._epoch_seed, idx), index)
+
+    def _drained(self) -> bool:
+        """Every batch not yet answered was taken back from the processes."""
+        handback = self._handback
+        return all(idx in handback for idx in self._book.pending())
 
     def _hand_over(self) -> None:
         """Replace the (drained) process pool with threads, mid-epoch."""
@@ -155,6 +203,9 @@ class HandoverMixin:
         catch_up = self._catch_up_message()  # type: ignore[attr-defined]
         for i in pool.active:
             pool.send_ctrl(i, catch_up)
+        for idx in sorted(self._handback):
+            pool.put_task(self._handback[idx])
+        self._handback = {}
         self._notes.append(
             f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {m} threads"
         )

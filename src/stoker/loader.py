@@ -273,8 +273,11 @@ class DataLoader(tud.DataLoader):
         return super().__iter__()
 
     def check_worker_number_rationality(self) -> None:
-        """torch's warning about more worker processes than cores (threads are exempt)."""
-        if getattr(self, "_resolved_backend", "process") == "process":
+        """torch's warning about more worker processes than cores (threads are exempt, as are
+        ``num_workers="auto"`` pools: their controller sizes them to the cores it measures)."""
+        if getattr(self, "_resolved_backend", "process") == "process" and not getattr(
+            self, "_auto_workers", False
+        ):
             super().check_worker_number_rationality()
 
     def _get_iterator(self) -> Any:
@@ -299,6 +302,7 @@ class DataLoader(tud.DataLoader):
         then runs with ``num_workers=0`` (and says why in :meth:`stats`).
         """
         from stoker._probe import choose_backend_isolated
+        from stoker._switch import watch_workers
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
         collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
@@ -318,6 +322,8 @@ class DataLoader(tud.DataLoader):
             # threads once the loop is seen to leave the GIL free (see stoker._switch).
             self._resolved_backend = "process"
             self._threads_wanted = True
+            if AUTO_START_WORKERS is None:  # start at the watch's cap (see watch_workers)
+                self.num_workers = max(self.num_workers, watch_workers(1 << 30))
             self._backend_notes.append(
                 "processes first: threads once the training loop is seen to leave the GIL free"
             )

@@ -20,9 +20,11 @@ import numpy as np
 
 from stoker.transport._mapping import map_file
 
-__all__ = ["IDLE", "StatusTable"]
+__all__ = ["GIVE_UP_ALL", "IDLE", "StatusTable"]
 
 IDLE = -1
+# An epoch later than any: set as the epoch being loaded, every task is given up.
+GIVE_UP_ALL = 2**62
 _ROW = 8  # int64/float64 fields per row (room to grow)
 _TASK, _STARTED, _EPOCH, _PID = 0, 1, 2, 3
 
@@ -113,3 +115,7 @@ class StatusTable:
         """The epoch now loaded: tasks of earlier ones are given up at their next sample."""
         self._attach()
         self._current.value = epoch
+
+    def give_up_all(self) -> None:
+        """Every task is given up at its next sample (the pool is being replaced)."""
+        self.set_epoch(GIVE_UP_ALL)

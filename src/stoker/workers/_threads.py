@@ -27,7 +27,12 @@ from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stre
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec, _BlockedSampler
 from stoker.workers._status import IDLE
 
-__all__ = ["ThreadPool"]
+__all__ = ["THREAD_REPLY_FIELDS", "ThreadPool"]
+
+# A thread's "D" reply carries the batch object itself and no dataset position (threads share
+# the dataset); a process's has one more field (and a slot to decode). The iterator tells them
+# apart by length: after a handover, process replies are still delivered from threads' time.
+THREAD_REPLY_FIELDS = 10
 
 _local = threading.local()
 _patched = False
@@ -168,7 +173,19 @@ class _ThreadWorker:
         finally:
             pool.status.end(wid)
         busy = time.perf_counter() - t0
-        pool.results.put(("D", epoch, idx, wid, (busy, sampled), None, [], batch, False, failures))
+        reply: tuple[Any, ...] = (
+            "D",
+            epoch,
+            idx,
+            wid,
+            (busy, sampled),
+            None,
+            [],
+            batch,
+            False,
+            failures,
+        )
+        pool.results.put(reply)  # THREAD_REPLY_FIELDS fields: the batch itself, no slot
 
 
 class ThreadPool:
