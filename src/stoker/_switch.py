@@ -203,11 +203,13 @@ class HandoverMixin:
         catch_up = self._catch_up_message()  # type: ignore[attr-defined]
         for i in pool.active:
             pool.send_ctrl(i, catch_up)
+        taken = len(self._handback)
         for idx in sorted(self._handback):
             pool.put_task(self._handback[idx])
         self._handback = {}
         self._notes.append(
-            f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {m} threads"
+            f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {m} threads "
+            f"({taken} batches taken back from the processes)"
         )
 
     def _stop_gil_meter(self) -> None:
