@@ -195,6 +195,7 @@ class DataLoader(tud.DataLoader):
         # The probe chose threads to cover waits: the iterator starts processes and hands over
         # to threads once the training loop leaves the GIL free (stoker._switch).
         self._threads_wanted = False
+        self._inline_ahead = False  # the probe chose the main process (see stoker._inline)
         policy = FailurePolicy(on_error, max_failures)
         if (
             not isinstance(max_worker_restarts, int)
@@ -330,6 +331,7 @@ class DataLoader(tud.DataLoader):
             return
         if backend == "inline":
             self._resolved_backend = "inline"
+            self._inline_ahead = True  # stoker._inline loads a few batches at a time
             self.num_workers = 0
             self._auto_workers = False
         else:
