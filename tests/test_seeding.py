@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stoker._seeding import batch_seed, seed_all
+from stoker._seeding import CallerRandomState, batch_seed, seed_all
 
 
 @given(st.integers(-(2**63), 2**63 - 1), st.integers(0, 10**9))
@@ -34,3 +35,54 @@ def test_seed_all_makes_torch_random_and_numpy_repeat():
     other = draw()
     seed_all(batch_seed(1, 2))
     assert draw() == first != other
+
+
+def _all_states() -> tuple[object, ...]:
+    legacy = np.random.get_state()
+    numpy_state = (legacy[0], legacy[1].tolist(), legacy[2], legacy[3], legacy[4])
+    return numpy_state, torch.get_rng_state().tolist(), random.getstate()
+
+
+def _load_a_batch(seed: int) -> None:
+    """What a dataset may do between save and restore: reseeded, it draws from all three,
+    and leaves a Gaussian in numpy's cache."""
+    seed_all(seed)
+    np.random.standard_normal()
+    random.random()
+    torch.rand(2)
+
+
+@pytest.mark.parametrize("between", ["nothing", "cached-gaussian", "draw", "take-cached"])
+def test_the_callers_random_states_come_back_exactly(between: str) -> None:
+    """The shortcut (numpy's raw state compared and copied back) must restore exactly what
+    the full get_state/set_state would, whatever the caller did between batches."""
+    guard = CallerRandomState()
+    np.random.seed(7), random.seed(7), torch.manual_seed(7)
+    if between == "cached-gaussian":
+        np.random.standard_normal()  # the caller's own cached Gaussian
+    for k in range(5):
+        if k == 2 and between == "draw":
+            np.random.random()
+        if k == 2 and between == "take-cached":
+            np.random.standard_normal(), np.random.standard_normal()  # fills, then empties it
+        before = _all_states()
+        saved = guard.save()
+        _load_a_batch(k)
+        guard.restore(saved)
+        assert _all_states() == before, k
+
+
+def test_numpys_state_is_read_only_when_the_caller_moved_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    guard = CallerRandomState()
+    reads = []
+    get_state = np.random.get_state
+    monkeypatch.setattr(np.random, "get_state", lambda: reads.append(1) or get_state())
+    np.random.seed(3)
+    for _ in range(3):
+        guard.restore(guard.save())
+    assert len(reads) == 1  # the first save; the state did not move since
+    np.random.random()
+    guard.restore(guard.save())
+    assert len(reads) == 2

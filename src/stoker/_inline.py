@@ -11,17 +11,15 @@ When ``num_workers="auto"`` chose the main process, batches are loaded a few at 
 from __future__ import annotations
 
 import collections
-import random
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker._resume import EpochState, stateful, warn_fast_forward
-from stoker._seeding import batch_seed, epoch_seed, seed_all
+from stoker._seeding import CallerRandomState, batch_seed, epoch_seed, seed_all
 from stoker._stats import LoaderStats
 from stoker.faults import Failure
 from stoker.workers._fetch import BatchFetcher, SkipBatch
@@ -54,6 +52,7 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         # few at a time under one save and restore of the caller's random state; with an
         # explicit num_workers=0 each batch is loaded when it is asked for, as torch does.
         self._group = GROUP_BATCHES if getattr(loader, "_inline_ahead", False) else 1
+        self._caller_rng = CallerRandomState()
         self._begin_epoch(loader, rng_at_start, first=True)
 
     def _begin_epoch(self, loader: Any, rng_at_start: torch.Tensor, first: bool) -> None:
@@ -164,10 +163,11 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
     def _load_ahead(self) -> None:
         """Load the next batch (the next few, under ``num_workers="auto"``), each seeded from
         its own index, with the caller's random state saved once before and restored once
-        after: saving and restoring numpy's legacy state costs about 70 us, 13% of a batch of
-        the bench's ``memory``."""
+        after: restoring the three costs 5-20 us (more when the caller drew from numpy's
+        legacy generator since; see CallerRandomState), 1-5% of a batch of the bench's
+        ``memory``."""
         state = self._state
-        saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+        saved = self._caller_rng.save()
         start = time.perf_counter()
         try:
             while True:
@@ -204,9 +204,7 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
                 if len(self._ahead) >= self._group or (time.perf_counter() - start >= GROUP_S):
                     return
         finally:
-            torch.set_rng_state(saved[0])
-            random.setstate(saved[1])
-            np.random.set_state(saved[2])
+            self._caller_rng.restore(saved)
 
     def _record(self, failures: list[tuple[Any, ...]]) -> None:
         for index, exc_type, message, replacement in failures:
