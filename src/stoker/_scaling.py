@@ -32,6 +32,8 @@ MAX_AUTO_WORKERS = 64
 RAM_RESERVE_BYTES = 1 << 30
 # Control intervals after which a slow start's dispatch window is lifted whatever happened.
 SLOW_START_INTERVALS = 10
+# Intervals in a row with idle cores before the slow start's window widens.
+WIDEN_INTERVALS = 2
 
 
 def capacity_for(backend: str) -> int:
@@ -76,6 +78,7 @@ class AutoScaler:
         # :meth:`slow_start`); None: no limit but the prefetch depth.
         self.window: int | None = None
         self._window_intervals = 0
+        self._idle_intervals = 0
         self.deferred = 0  # workers of a slow start that start as the window widens
 
     @classmethod
@@ -98,8 +101,9 @@ class AutoScaler:
 
         Handed one batch each at once, more workers than cores share the cores and all
         finish their first batch late together (16 on 2 cores: about 8 batch times before
-        the first arrives, seconds for decoding). The window at least doubles each control
-        interval in which cores sat idle (loading that waits), and is lifted once it covers
+        the first arrives, seconds for decoding). The window at least doubles after every
+        :data:`WIDEN_INTERVALS` control intervals in a row in which cores sat idle (loading
+        that waits), and is lifted once it covers
         the prefetch depth, when the controller first changes the worker count (it then sized
         the pool from measurements), or after :data:`SLOW_START_INTERVALS`.
 
@@ -111,6 +115,7 @@ class AutoScaler:
         cores = usable_cores()
         self.window = cores if workers > cores else None
         self._window_intervals = 0
+        self._idle_intervals = 0  # intervals in a row with idle cores (for widening)
         self.deferred = max(0, workers - cores) if self.window is not None else 0
         return workers - self.deferred
 
@@ -236,9 +241,16 @@ class AutoScaler:
             ) or self._window_intervals >= SLOW_START_INTERVALS:
                 self.end_slow_start()
             elif not obs.settling and idle_cores is not None and idle_cores >= MIN_HEADROOM:
+                self._idle_intervals += 1
+            else:
+                self._idle_intervals = 0
+            if self.window is not None and self._idle_intervals >= WIDEN_INTERVALS:
                 # As many more batches as the idle cores would feed at the current use (at
                 # least double, at most eightfold): waiting loading opens up in a step or two.
-                # (Not from a start-up interval: cores idle while workers start.)
+                # (Not from a start-up interval: cores idle while workers start; and not from
+                # one interval alone: a stalled consumer idles busy workers for a moment.)
+                self._idle_intervals = 0
+                assert idle_cores is not None
                 used = max(obs.cores - idle_cores, obs.cores / 8)
                 self.window = math.ceil(self.window * min(8.0, max(2.0, obs.cores / used)))
                 # ... and the workers of the slow start not started yet that it now feeds.

@@ -740,7 +740,7 @@ def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(mo
     cores = usable_cores()
     monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 2)
     monkeypatch.setattr(_scaling, "CONTROL_INTERVAL_S", 0.02)
-    monkeypatch.setattr(_scaling, "SLOW_START_INTERVALS", 3)
+    monkeypatch.setattr(_scaling, "SLOW_START_INTERVALS", 4)
     loader = stoker.DataLoader(_Napping(), batch_size=2, num_workers="auto", backend="process")
     it = iter(loader)
     scaler, pool = it._scaler, it._pool
