@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["SKIPPED", "TaskBook"]
+from stoker._seeding import batch_seed
+
+__all__ = ["SKIPPED", "TaskBook", "batch_task"]
 
 R = TypeVar("R")
 
@@ -24,6 +26,12 @@ class _Skipped:
 
 
 SKIPPED: Any = _Skipped()
+
+
+def batch_task(epoch: int, epoch_seed: int, idx: int, index: Any) -> tuple[Any, ...]:
+    """The message asking a worker for task ``idx`` of ``epoch``: the samples at ``index``,
+    seeded from the task index (whichever worker takes it, whenever)."""
+    return ("B", epoch, idx, batch_seed(epoch_seed, idx), index)
 
 
 class TaskBook(Generic[R]):

@@ -25,13 +25,13 @@ import cloudpickle
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from stoker._dispatch import TaskBook
+from stoker._dispatch import TaskBook, batch_task
 from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
 from stoker._recovery import RecoveryMixin, worker_pid
 from stoker._resume import EpochState, stateful, warn_fast_forward
 from stoker._scaling import AutoScaler
-from stoker._seeding import batch_seed, epoch_seed
+from stoker._seeding import epoch_seed
 from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
 from stoker._switch import HandoverMixin, watch_workers
@@ -151,12 +151,12 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
                 self._backend, n, self._prefetch, loader._auto_prefetch
             )
             capacity = self._scaler.controller.max_workers
-            now = self._scaler.slow_start(n)
             if self._watching(loader):
-                # The loading waits (the probe saw it), and the pool stops growing at the
-                # watch's cap: start that many now, as growing there would hold up the watch.
-                self._scaler.end_slow_start()
+                # The loading waits (the probe saw it), and the pool stays at the watch's
+                # size until it is decided: no slow start, that many now.
                 n = now = watch_workers(n)
+            else:
+                now = self._scaler.slow_start(n)
             if now < n:
                 self._notes.append(
                     f"slow start: {now} of {n} workers started (one batch in flight per core); "
@@ -323,7 +323,7 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
                     book.skip(idx)
                     continue
                 self._fast_forward.add(idx)  # a stream must pass it: load it, then drop it
-            msg = ("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index)
+            msg = batch_task(self._epoch, self._epoch_seed, idx, index)
             if worker is None:
                 pool.put_task(msg)
             else:

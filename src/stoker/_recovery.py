@@ -15,8 +15,8 @@ import time
 import warnings
 from typing import Any
 
+from stoker._dispatch import batch_task
 from stoker._platform import shm_dir, shm_free_bytes
-from stoker._seeding import batch_seed
 from stoker._spawn import explain_early_worker_death
 from stoker.errors import WorkerError, WorkerTimeoutError
 from stoker.workers._process import describe_exit
@@ -153,6 +153,6 @@ class RecoveryMixin:
         redo = [m for m in queued if m[0] == "B" and m[1] == self._epoch]
         for idx in lost:
             index = self._book.request(idx)
-            redo.append(("B", self._epoch, idx, batch_seed(self._epoch_seed, idx), index))
+            redo.append(batch_task(self._epoch, self._epoch_seed, idx, index))
         for m in sorted(redo, key=lambda m: m[2]):
             pool.put_task(m)

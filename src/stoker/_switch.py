@@ -34,11 +34,10 @@ import time
 import weakref
 from typing import Any
 
-from stoker._dispatch import TaskBook
+from stoker._dispatch import TaskBook, batch_task
 from stoker._gil import GilMeter
 from stoker._platform import usable_cores
 from stoker._scaling import AutoScaler
-from stoker._seeding import batch_seed
 from stoker.workers._threads import ThreadPool
 
 __all__ = [
@@ -117,7 +116,6 @@ class HandoverMixin:
             controller, running = self._scaler.controller, len(self._pool.active)
             self._unpinned = (controller.min_workers, controller.max_workers)
             controller.min_workers = controller.max_workers = running
-            self._scaler.deferred = 0
 
     def _watch_gil(self, changed_since: float | None) -> None:
         """Decide once enough GIL readings were taken.
@@ -168,7 +166,7 @@ class HandoverMixin:
         """A process gave up a batch (``Q``) while the handover drains: threads will load it."""
         epoch, idx = msg[1], msg[2]
         index = self._book.request(idx)
-        self._handback[idx] = ("B", epoch, idx, batch_seed(self._epoch_seed, idx), index)
+        self._handback[idx] = batch_task(epoch, self._epoch_seed, idx, index)
 
     def _drained(self) -> bool:
         """Every batch not yet answered was taken back from the processes."""
