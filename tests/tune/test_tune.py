@@ -115,7 +115,12 @@ def test_command_line_writes_stoker_toml(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "best:" in proc.stdout and "torch's DataLoader" in proc.stdout
-    assert load_config(out)["backend"] in ("process", "thread")
+    config = load_config(out)
+    # Loading 16 floats a sample in the main process may win on two cores: no backend then.
+    if config["num_workers"] == 0:
+        assert "backend" not in config and "prefetch_factor" not in config, config
+    else:
+        assert config["backend"] in ("process", "thread"), config
 
 
 def test_a_session_times_several_worker_counts_in_one_loader_and_leaves_nothing_behind():
