@@ -665,8 +665,8 @@ def test_retire_requests_go_ahead_of_queued_tasks(backend: str) -> None:
 
 
 class _GatedLog(tud.Dataset):
-    """Logs every index it loads (a file: worker processes too); index ``gated`` waits until
-    the gate file exists."""
+    """Logs every index it loads (a file: worker processes too); index ``gated`` says it was
+    reached (``gate + ".reached"``) and waits until the gate file exists."""
 
     def __init__(self, log: str, gate: str, gated: int) -> None:
         self.log, self.gate, self.gated = log, gate, gated
@@ -675,6 +675,8 @@ class _GatedLog(tud.Dataset):
         return 16
 
     def __getitem__(self, i: int) -> int:
+        if i == self.gated:
+            Path(self.gate + ".reached").touch()
         deadline = time.monotonic() + 20
         while i == self.gated and not os.path.exists(self.gate) and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -707,8 +709,8 @@ def test_a_batch_of_an_abandoned_epoch_is_given_up_at_its_next_sample(
     it = iter(loader)
     assert next(it).tolist() == [0, 1, 2, 3]
     deadline = time.monotonic() + 10
-    while "4\n" not in Path(log).read_text() and time.monotonic() < deadline:
-        time.sleep(0.005)  # the worker is at sample 5 of batch 1
+    while not os.path.exists(gate + ".reached") and time.monotonic() < deadline:
+        time.sleep(0.005)  # until the worker is inside sample 5 of batch 1
     del it  # break: the epoch is abandoned
     it = iter(loader)  # a new epoch: batch 1 of the last one is given up after sample 5
     Path(gate).touch()
