@@ -26,7 +26,7 @@ from stoker.faults import MAX_REPLACEMENT_TRIES
 __all__ = ["Abandoned", "BatchFetcher", "SkipBatch", "fetch_stream"]
 
 # A map-style batch's samples are loaded in runs between checks that the loop still wants
-# it; a run doubles while it takes less than this (see BatchFetcher._load_all).
+# it, each run sized from the last one's pace to take about this long (BatchFetcher._load_all).
 STOP_CHECK_S = 0.001
 # One recorded failure: (index, exception type name, message, replacement index or None).
 FailureRecord = tuple[Any, str, str, Any]
