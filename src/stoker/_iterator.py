@@ -446,12 +446,15 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
                 # Map the slot now: its worker may leave (and its file go) before delivery.
                 msg = (*msg, self._slots.open(msg[5]))
             self._worker_batches[wid] += 1
-            busy, sampled = msg[4]  # sampled: None, or (running, blocked) seconds of a span
-            self._worker_busy[wid] += busy
+            # Seconds each worker spent on the batch (threads may share one), and the
+            # (running, blocked) spans its workers closed meanwhile.
+            work, spans = msg[4]
+            for worker, seconds in work:
+                self._worker_busy[worker] += seconds
             if self._scaler is not None:
-                self._scaler.record_latency(busy)
-                if sampled is not None:
-                    self._scaler.record_blocked(*sampled)
+                self._scaler.record_latency(sum(seconds for _, seconds in work))
+                for span in spans:
+                    self._scaler.record_blocked(*span)
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return

@@ -128,12 +128,47 @@ class BatchFetcher:
                 if stop is not None and stop():
                     raise Abandoned
                 self._load_one(i, seed, failures, samples)
+        return self._collate_tolerant(samples, failures, index)
+
+    def _collate_tolerant(
+        self, samples: list[Any], failures: list[FailureRecord], index: Any
+    ) -> tuple[Any, list[FailureRecord]]:
         if not samples:
             raise SkipBatch(failures)
         try:
             return self.collate_fn(samples), failures
         except Exception as exc:
             raise SkipBatch([*failures, _record(list(index), exc)]) from exc
+
+    def shareable(self) -> bool:
+        """Whether a batch can be loaded in runs of samples by several threads at once (see
+        :mod:`stoker.workers._board`): a map-style dataset's list of indices, loaded sample by
+        sample (a ``__getitems__`` loads a batch at once)."""
+        return not self.iterable and self.auto_collation and not self._getitems()
+
+    def load_run(self, indices: list[Any], seed: int) -> list[Any]:
+        """One run of a shared batch: each sample, or under a tolerant policy each position's
+        ``(samples, failures)`` (a failed sample is dropped or replaced as :meth:`fetch`
+        does). Raises what the dataset raised under ``on_error="raise"``."""
+        dataset = self.dataset
+        if not self.tolerant:
+            return [dataset[i] for i in indices]
+        out: list[Any] = []
+        for i in indices:
+            samples: list[Any] = []
+            failures: list[FailureRecord] = []
+            self._load_one(i, seed, failures, samples)
+            out.append((samples, failures))
+        return out
+
+    def collate_runs(self, parts: list[Any], index: Any) -> tuple[Any, list[FailureRecord]]:
+        """The batch and its failures from every position's :meth:`load_run` result, in the
+        batch's order (raises :class:`SkipBatch` as :meth:`fetch` does)."""
+        if not self.tolerant:
+            return self.collate_fn(parts), []
+        samples = [s for loaded, _ in parts for s in loaded]
+        failures = [f for _, failed in parts for f in failed]
+        return self._collate_tolerant(samples, failures, index)
 
     def _getitems(self) -> Any:
         return getattr(self.dataset, "__getitems__", None)  # torch's test: set and truthy

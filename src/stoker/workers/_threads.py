@@ -3,9 +3,11 @@
 Decoding, resizing and most tensor operations release the GIL, so threads in the main process
 can do that work in parallel; batches then need no shared memory and the dataset is never
 copied into other processes (no copy-on-read growth). Each thread sees its own
-``torch.utils.data.get_worker_info()``. Limits: global random generators (``torch``,
-``random``, ``numpy``) are shared by all threads, so per-batch reseeding, which makes process
-workers' augmentations reproducible, is not done; pure-Python work does not run in parallel.
+``torch.utils.data.get_worker_info()``. The threads of a pool share the batches of a map-style
+dataset: each loads runs of samples from the oldest batch that has samples left (see
+:mod:`stoker.workers._board`). Limits: global random generators (``torch``, ``random``,
+``numpy``) are shared by all threads, so per-batch reseeding, which makes process workers'
+augmentations reproducible, is not done; pure-Python work does not run in parallel.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker.workers import _collate
+from stoker.workers._board import Board, OpenBatch, run_length
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec, _BlockedSampler
@@ -33,6 +36,10 @@ __all__ = ["THREAD_REPLY_FIELDS", "ThreadPool"]
 # the dataset); a process's has one more field (and a slot to decode). The iterator tells them
 # apart by length: after a handover, process replies are still delivered from threads' time.
 THREAD_REPLY_FIELDS = 10
+# Put on the task queue to wake a waiting thread: a batch was opened that it can help load.
+HELP = b"H"
+# Where a failure happened, as a worker's error says.
+_LOADING = "loading the samples at indices"
 
 _local = threading.local()
 _patched = False
@@ -94,7 +101,7 @@ class _ThreadWorker:
         self.fetcher_error: BaseException | None = None
         self.epoch = -1
         # Time asleep inside loading (waiting for the GIL included), for num_workers="auto".
-        self.blocked = _BlockedSampler()
+        self.blocked = _BlockedSampler(pool.span_gate)
 
     def _new_fetcher(self) -> BatchFetcher:
         spec = self.spec
@@ -123,15 +130,25 @@ class _ThreadWorker:
             self.fetcher = self._new_fetcher()
         pool.results.put(("A", -1, -1, spec.worker_id))  # ready
         tasks = pool.ctrl[spec.worker_id] if spec.iterable else pool.tasks
+        share = self.fetcher is not None and self.fetcher.shareable()
+        board = pool.board
         while not pool.closed:
+            if share and self.help():
+                continue
             t0 = time.perf_counter()
-            msg = tasks.get()
+            board.waiting(1)
+            try:
+                msg = tasks.get()
+            finally:
+                board.waiting(-1)
             self.blocked.waited(time.perf_counter() - t0)
             if msg == STOP:
                 return
             if msg == RETIRE:
                 pool.results.put(("R", self.epoch, -1, spec.worker_id))
                 return
+            if msg == HELP:
+                continue
             if msg[0] == "E":
                 self.epoch = msg[1]
                 if spec.iterable:
@@ -141,7 +158,89 @@ class _ThreadWorker:
                     except Exception as exc:
                         self.fetcher_error = exc
                 continue
-            self.run_task(msg)
+            if share:
+                self.open(msg)
+            else:
+                self.run_task(msg)
+
+    # -- batches shared by the pool's threads (map-style datasets) ----------------------------
+
+    def open(self, msg: tuple[Any, ...]) -> None:
+        """Put a task on the board, and wake as many waiting threads as it has runs for."""
+        pool = self.pool
+        batch = pool.board.open(msg, pool.status.abandoned(msg[1]))
+        runs = -(-len(batch.index) // run_length(pool.board.pace))
+        for _ in range(min(pool.board.idle, runs - 1)):
+            pool.tasks.put(HELP)
+
+    def help(self) -> bool:
+        """Load runs of the oldest open batches until none has samples left; False if there
+        was nothing to do."""
+        pool = self.pool
+        claimed = pool.board.claim()
+        if claimed is None:
+            return False
+        while claimed is not None and not pool.closed:
+            self.load_run(*claimed)
+            claimed = pool.board.claim()
+        return True
+
+    def load_run(self, batch: OpenBatch, start: int, stop: int) -> None:
+        """Load positions ``start:stop`` of ``batch``; the thread that loads its last samples
+        collates and replies."""
+        pool, board, fetcher = self.pool, self.pool.board, self.fetcher
+        assert fetcher is not None  # shared batches are map-style: the fetcher is made once
+        _, epoch, idx, seed, _ = batch.task
+        wid = self.spec.worker_id
+        if batch.closed:
+            return
+        if batch.stop():  # its epoch was abandoned
+            if board.close(batch):
+                pool.results.put(("Q", epoch, idx, wid))
+            return
+        pool.status.begin(wid, epoch, idx)
+        self.blocked.begin()
+        t0 = time.perf_counter()
+        try:
+            parts = fetcher.load_run(batch.index[start:stop], seed)
+        except Exception as exc:
+            self.blocked.end()
+            pool.status.end(wid)
+            if board.close(batch):
+                packed = pack_exception(exc, _LOADING, inline=True)
+                pool.results.put(("X", epoch, idx, wid, packed))
+            return
+        seconds = time.perf_counter() - t0
+        span = self.blocked.end()
+        if span is not None:
+            board.add_span(batch, span)
+        pool.status.end(wid)
+        if board.finish(batch, start, parts, seconds, wid):
+            self.reply(batch)
+
+    def reply(self, batch: OpenBatch) -> None:
+        """Collate a batch whose samples are all loaded, and send it."""
+        pool, fetcher = self.pool, self.fetcher
+        assert fetcher is not None
+        _, epoch, idx, _, _ = batch.task
+        wid = self.spec.worker_id
+        parts, batch.parts = batch.parts, []
+        t0 = time.perf_counter()
+        try:
+            out, failures = fetcher.collate_runs(parts, batch.index)
+        except SkipBatch as skip:
+            pool.results.put(("K", epoch, idx, wid, skip.failures))
+            return
+        except Exception as exc:
+            pool.results.put(("X", epoch, idx, wid, pack_exception(exc, _LOADING, inline=True)))
+            return
+        del parts
+        work = dict(batch.work)
+        work[wid] = work.get(wid, 0.0) + time.perf_counter() - t0
+        reply = ("D", epoch, idx, wid, (tuple(work.items()), tuple(batch.spans)))
+        pool.results.put((*reply, None, [], out, False, failures))
+
+    # -- a batch loaded by one thread (iterable datasets, `__getitems__`) ---------------------
 
     def run_task(self, msg: tuple[Any, ...]) -> None:
         _, epoch, idx, seed, index = msg
@@ -178,7 +277,7 @@ class _ThreadWorker:
             epoch,
             idx,
             wid,
-            (busy, sampled),
+            (((wid, busy),), () if sampled is None else (sampled,)),
             None,
             [],
             batch,
@@ -210,6 +309,8 @@ class ThreadPool:
         self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.capacity = max(len(specs), capacity or 0)
         self.status = _Status(self.capacity)
+        self.board = Board()
+        self.span_gate = [0.0]  # the threads take turns timing spans (see _BlockedSampler)
         self.retired: set[int] = set()
         self.closed = False
         self.processes: list[threading.Thread] = [None] * len(specs)  # type: ignore[list-item]
@@ -278,7 +379,7 @@ class ThreadPool:
         with contextlib.suppress(queue.Empty):
             while True:
                 msg = self.tasks.get_nowait()
-                if msg not in (STOP, RETIRE):
+                if msg not in (STOP, RETIRE, HELP):
                     out.append(msg)
         return out
 

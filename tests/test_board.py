@@ -1,0 +1,113 @@
+"""Batches shared by thread workers (stoker.workers._board), and the loader using them."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch.utils.data as tud
+
+from stoker.workers import _fetch
+from stoker.workers._board import Board, run_length
+
+# How long the sharing test's blocked sample waits for the rest of its batch before failing.
+RELEASE_WAIT_S = 10.0
+
+
+def _task(epoch: int, idx: int, size: int) -> tuple[Any, ...]:
+    return ("B", epoch, idx, 0, list(range(idx * size, (idx + 1) * size)))
+
+
+def _never() -> bool:
+    return False
+
+
+def test_runs_come_from_the_oldest_batch_by_epoch_then_index() -> None:
+    board = Board()
+    board.open(_task(1, 0, 2), _never)
+    board.open(_task(0, 5, 2), _never)
+    board.open(_task(0, 3, 2), _never)
+    keys = []
+    while (claimed := board.claim()) is not None:
+        keys.append(claimed[0].key)
+    assert keys == [(0, 3), (0, 3), (0, 5), (0, 5), (1, 0), (1, 0)]
+
+
+def test_run_length_follows_the_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_fetch, "STOP_CHECK_S", 0.001)
+    assert run_length(0.0) == 1  # unknown pace: one sample
+    assert run_length(0.002) == 1  # slow samples: one at a time
+    assert run_length(1e-5) == 100
+    board = Board()
+    board.open(_task(0, 0, 8), _never)
+    batch, start, stop = board.claim() or (None, 0, 0)
+    assert (start, stop) == (0, 1)
+    assert batch is not None and not board.finish(batch, 0, ["a"], 0.0004, worker_id=0)
+    assert board.pace == pytest.approx(0.0004)
+    _, start, stop = board.claim() or (None, 0, 0)
+    assert (start, stop) == (1, 3)  # 1 ms at 0.4 ms a sample
+
+
+def test_the_last_run_to_finish_replies_with_every_part_in_order() -> None:
+    board = Board()
+    board.open(_task(0, 0, 3), _never)
+    runs = [board.claim() for _ in range(3)]
+    assert board.claim() is None  # fully claimed: off the board
+    done = []
+    for batch, start, _stop in reversed(runs):  # type: ignore[misc]
+        done.append(board.finish(batch, start, [f"s{start}"], 0.001, worker_id=start))
+    assert done == [False, False, True]
+    batch = runs[0][0]  # type: ignore[index]
+    assert batch.parts == ["s0", "s1", "s2"] and batch.closed
+    assert batch.work == {0: 0.001, 1: 0.001, 2: 0.001}
+
+
+def test_a_closed_batch_replies_once_and_drops_runs_still_loading() -> None:
+    board = Board()
+    board.open(_task(0, 0, 3), _never)
+    first = board.claim()
+    assert first is not None
+    batch = first[0]
+    assert board.close(batch) and not board.close(batch)
+    assert board.claim() is None  # its unclaimed samples left the board with it
+    assert not board.finish(batch, first[1], ["late"], 0.001, worker_id=1)
+    assert batch.parts == [None, None, None]
+
+
+class _NeedsHelp(tud.Dataset):
+    """Sample 0 waits until samples 1-3 (its batch's others) were loaded: only a second thread
+    loading the same batch lets it finish (a thread holding a batch alone never would)."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[int, int] = {}
+        self.rest = threading.Event()
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        if i == 0 and not self.rest.wait(RELEASE_WAIT_S):
+            raise TimeoutError("no other thread loaded samples 1-3 of batch 0")
+        self.loaded[i] = threading.get_ident()
+        if all(j in self.loaded for j in (1, 2, 3)):
+            self.rest.set()
+        return i
+
+
+def test_thread_workers_share_a_batch_held_up_by_one_slow_sample() -> None:
+    import stoker
+
+    dataset = _NeedsHelp()
+    loader = stoker.DataLoader(dataset, batch_size=4, num_workers=2, backend="thread")
+    t0 = time.monotonic()
+    got = [b.tolist() for b in loader]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert time.monotonic() - t0 < RELEASE_WAIT_S
+    assert dataset.loaded[0] != dataset.loaded[1]  # batch 0 was loaded by both threads
+    stats = loader.stats()
+    assert sum(w.batches for w in stats.workers) == 4
+    del loader
+    gc.collect()
