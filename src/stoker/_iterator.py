@@ -273,8 +273,10 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         set_epoch: Any,
         worker_states: dict[int, Any] | None = None,
     ) -> tuple[Any, ...]:
-        blob = None
-        if changes and self._backend == "process":  # threads share the dataset itself
+        blob: Any = None
+        if changes and self._backend != "process":
+            blob = changes  # threads copy only iterable datasets, and take the objects as-is
+        elif changes:
             try:
                 blob = cloudpickle.dumps(changes)
             except Exception as exc:

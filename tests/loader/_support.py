@@ -21,9 +21,26 @@ import torch.utils.data as tud
 
 import stoker
 
+
+class ThreadDataLoader(stoker.DataLoader):  # type: ignore[misc]
+    """stoker's loader with thread workers unless told otherwise: the contract suite runs it
+    as a third loader (with workers; the start method does not apply to threads)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("backend", "thread")
+        super().__init__(*args, **kwargs)
+
+
+# Rebuilt from its attributes (as Lightning does), it takes stoker's arguments.
+ThreadDataLoader.__init__.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    stoker.DataLoader.__init__
+)
+
+
 LOADERS: dict[str, type[tud.DataLoader[Any]]] = {
     "torch": tud.DataLoader,
     "stoker": stoker.DataLoader,
+    "stoker-thread": ThreadDataLoader,
 }
 
 # (num_workers, start method) combinations. Spawn costs ~1-2 s per worker start here, so it is
@@ -38,6 +55,8 @@ def cases(*modes: tuple[int, str | None]) -> list[Any]:
     out = []
     for kind in LOADERS:
         for workers, start in modes:
+            if kind == "stoker-thread" and (workers == 0 or start == "spawn"):
+                continue  # the same as stoker's in the main process; no processes to spawn
             marks = [pytest.mark.slow] if start == "spawn" else []
             out.append(
                 pytest.param(

@@ -1,8 +1,11 @@
 """Behavioural contract: the same assertions against torch's DataLoader and stoker's.
 
-Every test is parametrized over the loader class (``torch``, ``stoker``) and a set of
-(num_workers, start method) modes. A test that passes for torch and fails for stoker is a
-drop-in break. Spawn modes are used only where pickling or process start matters.
+Every test is parametrized over the loader class (``torch``, ``stoker``, and ``stoker-thread``:
+stoker with thread workers, in the modes that have workers) and a set of (num_workers, start
+method) modes. A test that passes for torch and fails for stoker is a drop-in break; where
+threads differ by design (one process, shared global random generators, a shared map-style
+dataset), the test says so and checks what threads promise instead. Spawn modes are used only
+where pickling or process start matters.
 """
 
 from __future__ import annotations
@@ -208,16 +211,18 @@ def test_worker_info_inside_workers(kind: str, workers: int, start: str | None) 
     if workers == 0:
         assert all(not s["in_worker"] and s["pid"] == os.getpid() for s in samples)
         return
+    threads = kind == "stoker-thread"
     seeds: dict[int, int] = {}
     for s in samples:
         assert s["in_worker"]
-        assert s["pid"] != os.getpid()
+        assert (s["pid"] == os.getpid()) if threads else (s["pid"] != os.getpid())
         assert s["id"] in range(workers)
         assert s["num_workers"] == workers
         assert s["seed_is_int"], "worker_info.seed must be a Python int"
-        # worker_init_fn ran in this worker, with this id, after the worker was seeded.
-        assert s["init_worker_id"] == s["id"]
-        assert s["init_seed"] == s["seed"], "torch.initial_seed() in worker_init_fn != seed"
+        if not threads:  # threads share the map-style dataset and torch's process-wide seed
+            # worker_init_fn ran in this worker, with this id, after the worker was seeded.
+            assert s["init_worker_id"] == s["id"]
+            assert s["init_seed"] == s["seed"], "torch.initial_seed() in worker_init_fn != seed"
         assert s["dataset_is_self"], "worker_info.dataset is not the dataset being read"
         assert s["dataset_type"] == "InfoDataset"
         assert s["dataset_tag"] == "tagged"
@@ -237,13 +242,37 @@ def test_worker_init_fn_runs_once_per_persistent_worker(kind: str) -> None:
         worker_init_fn=record_worker_init,
         persistent_workers=True,
     )
+    # Each process counts its own call on its copy; threads count both on the shared dataset.
+    calls = 2 if kind == "stoker-thread" else 1
     for _ in range(3):
         samples = [s for batch in loader for s in batch]
         assert [s["index"] for s in samples] == list(range(12))
-        assert {s["init_calls"] for s in samples} == {1}
+        assert {s["init_calls"] for s in samples} == {calls}
 
 
-@pytest.mark.parametrize(("kind", "workers", "start"), cases(FORK, SPAWN))
+@pytest.mark.parametrize(
+    ("kind", "workers", "start"),
+    [
+        pytest.param(
+            *p.values,
+            id=p.id,
+            marks=[
+                *p.marks,
+                *(
+                    [
+                        pytest.mark.xfail(
+                            strict=True,
+                            reason="threads share the global random generators (documented)",
+                        )
+                    ]
+                    if p.values[0] == "stoker-thread"
+                    else []
+                ),
+            ],
+        )
+        for p in cases(FORK, SPAWN)
+    ],
+)
 def test_random_augmentation_reproducible_for_same_generator_seed(
     kind: str, workers: int, start: str | None
 ) -> None:

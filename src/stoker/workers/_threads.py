@@ -13,6 +13,7 @@ augmentations reproducible, is not done; pure-Python work does not run in parall
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import sys
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 
 from torch.utils.data._utils import worker as _torch_worker
 
+from stoker._epoch_sync import apply_changes
 from stoker.workers import _collate
 from stoker.workers._board import Board, OpenBatch, run_length
 from stoker.workers._errors import pack_exception
@@ -102,11 +104,19 @@ class _ThreadWorker:
         self.epoch = -1
         # Time asleep inside loading (waiting for the GIL included), for num_workers="auto".
         self.blocked = _BlockedSampler(pool.span_gate)
+        # An iterable dataset is read as one stream per worker: each thread reads its own
+        # shallow copy, as each process does, so that `worker_init_fn` configures this
+        # worker's stream (torch's documented sharding pattern) and `__iter__` state is not
+        # shared. A map-style dataset is shared: any thread loads any sample.
+        self.dataset = pool.dataset
+        if spec.iterable:
+            with contextlib.suppress(Exception):  # uncopyable: shared, as before
+                self.dataset = copy.copy(pool.dataset)
 
     def _new_fetcher(self) -> BatchFetcher:
         spec = self.spec
         return BatchFetcher(
-            self.pool.dataset,
+            self.dataset,
             iterable=spec.iterable,
             auto_collation=spec.auto_collation,
             collate_fn=self.pool.collate_fn,
@@ -117,7 +127,7 @@ class _ThreadWorker:
     def run(self) -> None:
         spec, pool = self.spec, self.pool
         _local.info = _torch_worker.WorkerInfo(
-            id=spec.worker_id, num_workers=spec.num_workers, seed=spec.seed, dataset=pool.dataset
+            id=spec.worker_id, num_workers=spec.num_workers, seed=spec.seed, dataset=self.dataset
         )
         if pool.worker_init_fn is not None:
             try:
@@ -150,18 +160,30 @@ class _ThreadWorker:
             if msg == HELP:
                 continue
             if msg[0] == "E":
-                self.epoch = msg[1]
-                if spec.iterable:
-                    self.fetcher, self.fetcher_error = None, None
-                    try:
-                        self.fetcher = self._new_fetcher()
-                    except Exception as exc:
-                        self.fetcher_error = exc
+                self.start_epoch(msg)
                 continue
             if share:
                 self.open(msg)
             else:
                 self.run_task(msg)
+
+    def start_epoch(self, msg: tuple[Any, ...]) -> None:
+        """An epoch starts: a copied dataset takes the main process's changes to the dataset
+        (objects, not pickles) and its `set_epoch`; an iterable stream starts again."""
+        _, self.epoch, changes, set_epoch, _ = msg
+        if not self.spec.iterable:
+            return
+        self.fetcher, self.fetcher_error = None, None
+        try:
+            if self.dataset is not self.pool.dataset:
+                if changes:
+                    apply_changes(self.dataset, changes)
+                fn = getattr(self.dataset, "set_epoch", None)
+                if set_epoch is not None and callable(fn):
+                    fn(set_epoch)
+            self.fetcher = self._new_fetcher()
+        except Exception as exc:
+            self.fetcher_error = exc
 
     # -- batches shared by the pool's threads (map-style datasets) ----------------------------
 
