@@ -478,3 +478,29 @@ def test_corrupt_jpeg_with_raise_names_the_file_and_index(jpeg_files: list[Path]
     assert err["type"] == "OSError" and "truncated" in err["message"], err
     assert "[0, 1, 2, 3]" in " ".join(err["notes"])
     assert r["batches"] == []
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip", "replace"])
+def test_thread_workers_apply_each_policy_as_processes_do(on_error: str) -> None:
+    """Threads share batches sample by sample (stoker.workers._board): what is delivered,
+    recorded and raised must not change."""
+    bad = [0, 5, 6, 7, 22]  # the first sample, most of a batch, one more
+    runs = {
+        backend: run_case(
+            case_iterate,
+            dataset=FailingDataset(N, bad),
+            workers=2,
+            on_error=on_error,
+            backend=backend,
+        ).result
+        for backend in ("process", "thread")
+    }
+    process, thread = runs["process"], runs["thread"]
+    assert thread["batches"] == process["batches"]
+    assert _fail_fields(thread) == _fail_fields(process)
+    assert thread["stats_failures"] == process["stats_failures"]
+    assert {k: thread["error"].get(k) for k in ("type", "message", "listed")} == {
+        k: process["error"].get(k) for k in ("type", "message", "listed")
+    }
+    if on_error == "raise":
+        assert thread["error"]["type"] == "SampleError" and thread["batches"] == []
