@@ -11,7 +11,7 @@ import pytest
 
 from stoker._platform import thread_sched_seconds, usable_cores
 from stoker.workers import _loop
-from stoker.workers._loop import _BlockedSampler
+from stoker.workers._loop import BlockedSampler
 
 pytestmark = pytest.mark.skipif(
     thread_sched_seconds() is None, reason="needs /proc/thread-self/schedstat (Linux)"
@@ -29,7 +29,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def _span(sampler: _BlockedSampler, work) -> tuple[float, float]:
+def _span(sampler: BlockedSampler, work) -> tuple[float, float]:
     sampler._next = 0.0
     while True:
         sampler.begin()
@@ -41,7 +41,7 @@ def _span(sampler: _BlockedSampler, work) -> tuple[float, float]:
 
 def test_cpu_work_reads_as_running_sleep_as_blocked_and_task_waits_as_neither(monkeypatch):
     monkeypatch.setattr(_loop, "BLOCKED_SPAN_S", 0.02)
-    sampler = _BlockedSampler()
+    sampler = BlockedSampler()
     running, blocked = _span(sampler, lambda: _spin(BATCH_S))
     assert running >= 0.015 and blocked < 0.3 * running
 
@@ -60,13 +60,29 @@ def test_cpu_work_reads_as_running_sleep_as_blocked_and_task_waits_as_neither(mo
 def test_no_span_is_sampled_until_one_is_due(monkeypatch):
     monkeypatch.setattr(_loop, "BLOCKED_SPAN_S", 0.0)
     monkeypatch.setattr(_loop, "BLOCKED_SAMPLE_S", 60.0)
-    sampler = _BlockedSampler()
+    sampler = BlockedSampler()
     sampler.begin()
     assert sampler.end() is not None
     sampler.begin()
     assert sampler.end() is None  # the next span is a minute away
     sampler.waited(1.0)  # no span open: nothing to leave out
     assert sampler._idle == 0.0
+
+
+def test_the_samplers_of_one_gate_take_turns(monkeypatch):
+    """A thread pool's samplers share a gate: one opening a span holds the others off for a
+    span and a gap (each read of the scheduler statistics costs the pool a GIL hand-off)."""
+    monkeypatch.setattr(_loop, "BLOCKED_SPAN_S", 0.0)
+    monkeypatch.setattr(_loop, "BLOCKED_SAMPLE_S", 60.0)
+    gate = [0.0]
+    first, second, alone = BlockedSampler(gate), BlockedSampler(gate), BlockedSampler()
+    first.begin()
+    second.begin()
+    alone.begin()
+    assert first.end() is not None
+    assert second.end() is None  # the gate held it off
+    assert alone.end() is not None  # a sampler without the gate is on its own
+    assert gate[0] > time.perf_counter() + 59
 
 
 def test_workers_that_only_take_turns_on_the_cores_are_not_blocked():
@@ -83,7 +99,7 @@ def test_workers_that_only_take_turns_on_the_cores_are_not_blocked():
                 share = 1.0
                 try:
                     os.close(read_fd)
-                    sampler = _BlockedSampler()
+                    sampler = BlockedSampler()
                     running = blocked = 0.0
                     end = time.perf_counter() + 1.0
                     while time.perf_counter() < end:

@@ -39,7 +39,7 @@ from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stre
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
-__all__ = ["RETIRE", "STOP", "WorkerSpec", "worker_main"]
+__all__ = ["RETIRE", "STOP", "BlockedSampler", "WorkerSpec", "worker_main"]
 
 STOP = b"S"
 # Taken from the shared queue by whichever worker is idle first: that worker exits.
@@ -125,7 +125,7 @@ def _cap_threads(n: int) -> None:
             cv2.setNumThreads(n)
 
 
-class _BlockedSampler:
+class BlockedSampler:
     """Measures now and then, over a span of consecutive batches, how long a worker ran on a
     core and how long it was blocked (sleeping on storage, a network) while it worked.
 
@@ -212,7 +212,7 @@ class _Worker:
         self.arena = SlotArena(
             spec.slot_prefix, spec.worker_id, spec.slot_budget, directory=spec.shm_dir
         )
-        self.blocked = _BlockedSampler()
+        self.blocked = BlockedSampler()
 
     def send(self, msg: tuple[Any, ...]) -> None:
         self.out.send_bytes(pickle.dumps(msg, protocol=_PROTOCOL))

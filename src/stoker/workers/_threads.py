@@ -29,7 +29,7 @@ from stoker.workers import _collate
 from stoker.workers._board import Board, OpenBatch, run_length
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
-from stoker.workers._loop import RETIRE, STOP, WorkerSpec, _BlockedSampler
+from stoker.workers._loop import RETIRE, STOP, BlockedSampler, WorkerSpec
 from stoker.workers._status import IDLE
 
 __all__ = ["THREAD_REPLY_FIELDS", "ThreadPool"]
@@ -103,7 +103,7 @@ class _ThreadWorker:
         self.fetcher_error: BaseException | None = None
         self.epoch = -1
         # Time asleep inside loading (waiting for the GIL included), for num_workers="auto".
-        self.blocked = _BlockedSampler(pool.span_gate)
+        self.blocked = BlockedSampler(pool.span_gate)
         # An iterable dataset is read as one stream per worker: each thread reads its own
         # shallow copy, as each process does, so that `worker_init_fn` configures this
         # worker's stream (torch's documented sharding pattern) and `__iter__` state is not
@@ -332,7 +332,7 @@ class ThreadPool:
         self.capacity = max(len(specs), capacity or 0)
         self.status = _Status(self.capacity)
         self.board = Board()
-        self.span_gate = [0.0]  # the threads take turns timing spans (see _BlockedSampler)
+        self.span_gate = [0.0]  # the threads take turns timing spans (see BlockedSampler)
         self.retired: set[int] = set()
         self.closed = False
         self.processes: list[threading.Thread] = [None] * len(specs)  # type: ignore[list-item]
