@@ -288,8 +288,7 @@ class _ThreadWorker:
             pool.results.put(("K", epoch, idx, wid, skip.failures))
             return
         except Exception as exc:
-            where = "loading the samples at indices"
-            pool.results.put(("X", epoch, idx, wid, pack_exception(exc, where, inline=True)))
+            pool.results.put(("X", epoch, idx, wid, pack_exception(exc, _LOADING, inline=True)))
             return
         finally:
             pool.status.end(wid)
