@@ -7,9 +7,10 @@ one measurement rules out:
 1. **backend**: the ``backend="auto"`` probe (about a second, in a forked child) measures
    whether loading waits or computes and whether threads run it in parallel;
 2. **workers**: loading in the main process, then a climb through worker counts (1 to 4 x the
-   usable cores) with that backend, all in one loader resized between short windows (see
-   :mod:`stoker._tune_measure`); the climb stops once counts past the one that keeps the
-   cores busy gain nothing. The best two run twice as long and the faster survives;
+   usable cores; to 16 x, at most 64, for threads chosen to cover waits) with that backend,
+   all in one loader resized between short windows (see :mod:`stoker._tune_measure`); the
+   climb stops once counts past the one that keeps the cores busy gain nothing. The best two
+   run twice as long and the faster survives;
 3. **prefetch** (and pinning): the winning count with each other ``prefetch_factor`` (and
    ``pin_memory`` setting), measured as long as the last round.
 
@@ -100,11 +101,22 @@ class TuneResult:
 
 
 PREFETCH = (2, 4)
+# Most threads the climb tries when loading waits (see worker_counts).
+WAITING_MOST = 64
 
 
-def worker_counts(cores: int) -> list[int]:
-    """Worker counts searched: 1 to 4 x cores, denser at the low end, and the core count."""
-    return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n <= 4 * cores} | {cores})
+def worker_counts(cores: int, waits: bool = False) -> list[int]:
+    """Worker counts searched: 1 to 4 x cores, denser at the low end, and the core count.
+
+    Args:
+        cores: usable cores.
+        waits: the probe chose threads to cover waits: counts go on to 16 x cores (at most
+            64), as far as the climb finds them worth it (on the bench's ``io``, 2 cores:
+            8 threads loaded 1,390 samples/s in ``benchmarks/tune_vs_grid.py``, 32
+            auto-sized ones 2,485 in ``stoker bench``, separate runs).
+    """
+    most = max(4 * cores, min(WAITING_MOST, 16 * cores)) if waits else 4 * cores
+    return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= most} | {cores})
 
 
 def _pins(device: str | None) -> tuple[bool, ...]:
@@ -229,13 +241,16 @@ def tune(
 
         from stoker._probe import choose_backend_isolated
 
+        probed: dict[str, Any] = {}
         backend, why = choose_backend_isolated(
-            dataset, default_collate, batch_size, False, allow_inline=False
+            dataset, default_collate, batch_size, False, allow_inline=False, detail=probed
         )
         notes.append(f"backend={backend}: {why}")
         if report is not None:
             report(f"backend probe: {backend} ({why})")
-        counts = worker_counts(usable_cores())
+        counts = worker_counts(
+            usable_cores(), waits=backend == "thread" and bool(probed.get("waits"))
+        )
         space = [Candidate("process", 0, 2)] + [Candidate(backend, n, PREFETCH[0]) for n in counts]
         finals = [
             (pf, pin)

@@ -32,6 +32,12 @@ def test_space_covers_both_backends_and_stays_within_four_workers_per_core():
     assert any(c.pin_memory for c in candidates(cores=2, device="cuda"))
 
 
+def test_threads_that_cover_waits_climb_to_sixteen_per_core_at_most_sixty_four():
+    assert tune_mod.worker_counts(2) == [1, 2, 3, 4, 6, 8]
+    assert tune_mod.worker_counts(2, waits=True)[-3:] == [16, 24, 32]
+    assert tune_mod.worker_counts(8, waits=True)[-1] == 64
+
+
 def test_halving_keeps_the_faster_half_and_writes_the_winner(tmp_path):
     space = [Candidate("thread", 1, 2), Candidate("process", 1, 2), Candidate("thread", 2, 2)]
     out = tmp_path / "stoker.toml"
