@@ -1,12 +1,13 @@
 """``stoker tune`` against an exhaustive grid over the same space, on bench workloads.
 
 The grid measures every configuration of :func:`stoker._tune.candidates` (both backends x
-worker counts x prefetch) and loading in the main process, each with the same
-:func:`stoker._tune.measure` and for as long as tune measured its finalists (the precision at
-which tune picked its winner). Printed per workload: tune's wall time over the grid's, and
-the grid's rate for tune's winner over the grid's best. The grid's best is the highest of many
-short noisy measurements (biased upwards), so both are then measured again, alternately, for
-``--ab`` rounds of 2.4 s each, and the medians compared.
+worker counts x prefetch), loading in the main process and any other configuration tune tried
+(thread counts past 4 per core), each with the same :func:`stoker._tune.measure` and for as
+long as tune measured its finalists (the precision at which tune picked its winner). Printed
+per workload: tune's wall time over the grid's, and the grid's rate for tune's winner over the
+grid's best. The grid's best is the highest of many short noisy measurements (biased upwards),
+so both are then measured again, alternately, for ``--ab`` rounds of 2.4 s each, and the
+medians compared.
 
 Run: ``python benchmarks/tune_vs_grid.py [workload ...] [--ab N]`` (default: heavytail io
 jpeg, 3 rounds)
@@ -35,6 +36,10 @@ if __name__ == "__main__":
         result = tune(ds, w.batch_size, output=None, budget_s=120)
         final_s = result.rounds[-1][0]
         space = [Candidate("process", 0, 2), *candidates(usable_cores())]
+        # ... and whatever tune tried outside that space (thread counts past 4 per core, when
+        # loading waits), so that the grid covers all tune could pick.
+        tried = [c for _, scored in result.rounds for c, _ in scored]
+        space += [c for c in dict.fromkeys(tried) if c not in space]
         t0 = time.perf_counter()
         grid = {cand: measure(ds, w.batch_size, cand, final_s) for cand in space}
         grid_s = time.perf_counter() - t0
