@@ -229,8 +229,7 @@ class _ThreadWorker:
             self.blocked.end()
             pool.status.end(wid)
             if board.close(batch):
-                packed = pack_exception(exc, _LOADING, inline=True)
-                pool.results.put(("X", epoch, idx, wid, packed))
+                self.failed(exc, epoch, idx)
             return
         seconds = time.perf_counter() - t0
         span = self.blocked.end()
@@ -242,7 +241,7 @@ class _ThreadWorker:
 
     def reply(self, batch: OpenBatch) -> None:
         """Collate a batch whose samples are all loaded, and send it."""
-        pool, fetcher = self.pool, self.fetcher
+        fetcher = self.fetcher
         assert fetcher is not None
         _, epoch, idx, _, _ = batch.task
         wid = self.spec.worker_id
@@ -250,17 +249,47 @@ class _ThreadWorker:
         t0 = time.perf_counter()
         try:
             out, failures = fetcher.collate_runs(parts, batch.index)
-        except SkipBatch as skip:
-            pool.results.put(("K", epoch, idx, wid, skip.failures))
-            return
         except Exception as exc:
-            pool.results.put(("X", epoch, idx, wid, pack_exception(exc, _LOADING, inline=True)))
+            self.failed(exc, epoch, idx)
             return
         del parts
         work = dict(batch.work)
         work[wid] = work.get(wid, 0.0) + time.perf_counter() - t0
-        reply = ("D", epoch, idx, wid, (tuple(work.items()), tuple(batch.spans)))
-        pool.results.put((*reply, None, [], out, False, failures))
+        self.done(epoch, idx, tuple(work.items()), tuple(batch.spans), out, failures)
+
+    def failed(self, exc: Exception, epoch: int, idx: int) -> None:
+        """Report a batch that could not be loaded: skipped (``K``) or an error (``X``)."""
+        wid = self.spec.worker_id
+        if isinstance(exc, SkipBatch):
+            self.pool.results.put(("K", epoch, idx, wid, exc.failures))
+        else:
+            packed = pack_exception(exc, _LOADING, inline=True)
+            self.pool.results.put(("X", epoch, idx, wid, packed))
+
+    def done(
+        self,
+        epoch: int,
+        idx: int,
+        work: tuple[tuple[int, float], ...],
+        spans: tuple[tuple[float, float], ...],
+        batch: Any,
+        failures: list[Any],
+    ) -> None:
+        """Send a loaded batch: ``THREAD_REPLY_FIELDS`` fields, the batch itself, no slot."""
+        wid = self.spec.worker_id
+        reply: tuple[Any, ...] = (
+            "D",
+            epoch,
+            idx,
+            wid,
+            (work, spans),
+            None,
+            [],
+            batch,
+            False,
+            failures,
+        )
+        self.pool.results.put(reply)
 
     # -- a batch loaded by one thread (iterable datasets, `__getitems__`) ---------------------
 
@@ -284,28 +313,14 @@ class _ThreadWorker:
             self.blocked.end()
             pool.results.put(("Q", epoch, idx, wid))
             return
-        except SkipBatch as skip:
-            pool.results.put(("K", epoch, idx, wid, skip.failures))
-            return
         except Exception as exc:
-            pool.results.put(("X", epoch, idx, wid, pack_exception(exc, _LOADING, inline=True)))
+            self.failed(exc, epoch, idx)
             return
         finally:
             pool.status.end(wid)
         busy = time.perf_counter() - t0
-        reply: tuple[Any, ...] = (
-            "D",
-            epoch,
-            idx,
-            wid,
-            (((wid, busy),), () if sampled is None else (sampled,)),
-            None,
-            [],
-            batch,
-            False,
-            failures,
-        )
-        pool.results.put(reply)  # THREAD_REPLY_FIELDS fields: the batch itself, no slot
+        spans = () if sampled is None else (sampled,)
+        self.done(epoch, idx, ((wid, busy),), spans, batch, failures)
 
 
 class ThreadPool:
