@@ -77,6 +77,62 @@ def test_a_closed_batch_replies_once_and_drops_runs_still_loading() -> None:
     assert batch.parts == [None, None, None]
 
 
+def test_samples_given_back_by_a_short_run_are_claimed_again_before_the_rest() -> None:
+    board = Board()
+    board.open(_task(0, 0, 6), _never)
+    board.pace = 1e-4  # 10-sample runs: the whole batch in one claim
+    batch, start, stop = board.claim() or (None, 0, 0)
+    assert batch is not None and (start, stop) == (0, 6)
+    assert board.claim() is None
+    # The run loaded 2 samples and ended short: the other 4 are claimable again.
+    board.give_back(batch, 2, 6)
+    assert not board.finish(batch, 0, ["s0", "s1"], 0.02, worker_id=0)  # pace now 5 ms
+    runs = []
+    while (claimed := board.claim()) is not None:
+        runs.append(claimed[1:])
+    assert runs == [(2, 3), (3, 4), (4, 5), (5, 6)]  # one at a time at the new pace
+    for k, (start, _stop) in enumerate(runs):
+        assert board.finish(batch, start, [f"s{start}"], 0.005, worker_id=1) == (k == 3)
+    assert batch.parts == [f"s{i}" for i in range(6)]
+    board.give_back(batch, 0, 1)  # a closed batch takes nothing back
+    assert board.claim() is None
+
+
+class _Squares(tud.Dataset):
+    def __init__(self, slow_from: int, delay_s: float) -> None:
+        self.slow_from, self.delay_s = slow_from, delay_s
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> int:
+        if i >= self.slow_from:
+            time.sleep(self.delay_s)
+        return i * i
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_run_ends_short_once_it_outlasts_its_limit(on_error: str) -> None:
+    from torch.utils.data import default_collate
+
+    fetcher = _fetch.BatchFetcher(
+        _Squares(slow_from=2, delay_s=0.01),
+        iterable=False,
+        auto_collation=True,
+        collate_fn=default_collate,
+        drop_last=False,
+        on_error=on_error,
+    )
+    # Looks at the clock after samples 1, 2, 4, 8...: 4 samples in (2 slow), 20 ms > 15 ms.
+    parts = fetcher.load_run(list(range(10)), seed=0, seconds=0.015)
+    assert len(parts) == 4
+    if on_error == "skip":
+        parts = [loaded[0] for loaded, _failures in parts]
+    assert parts == [0, 1, 4, 9]
+    assert len(fetcher.load_run(list(range(3)), seed=0, seconds=0.0)) == 1  # one at least
+    assert len(fetcher.load_run(list(range(3)), seed=0)) == 3  # no limit
+
+
 class _NeedsHelp(tud.Dataset):
     """Sample 0 waits until samples 1-3 (its batch's others) were loaded: only a second thread
     loading the same batch lets it finish (a thread holding a batch alone never would)."""

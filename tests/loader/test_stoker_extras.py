@@ -485,6 +485,21 @@ def test_break_then_release_persistent_loader_stops_workers() -> None:
     assert _wait_dead(pids) == []
 
 
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_shutdown_gives_up_the_batches_in_flight_instead_of_finishing_them(backend: str) -> None:
+    # Batch 0 loads at once; every later batch takes BATCH * delay to finish.
+    batch, delay = 20, SLOW_SAMPLE_S / 10
+    loader = _loader(
+        SlowDataset(100, slow=range(batch, 100), delay=delay), batch_size=batch, backend=backend
+    )
+    it = iter(loader)
+    assert next(it).tolist() == list(range(batch))
+    t0 = time.monotonic()
+    it._shutdown()
+    # Workers stop after the sample they are on (one delay), not after their batch.
+    assert time.monotonic() - t0 < batch * delay / 2
+
+
 def test_break_then_del_iterator_stops_fresh_workers() -> None:
     loader = _loader(
         SlowDataset(100, slow=range(10, 100), delay=SLOW_SAMPLE_S / 10),

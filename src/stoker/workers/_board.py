@@ -15,6 +15,10 @@ Runs are sized from the board's measured pace to take about
 :data:`stoker.workers._fetch.STOP_CHECK_S` (a batch's epoch may be abandoned between two runs,
 as between a process worker's): microsecond samples are claimed a batch at a time (one claim,
 as before), millisecond ones one at a time (a claim costs about a microsecond under a lock).
+The pace comes from earlier samples, which may have been far quicker than the next ones: a
+run still loading after :data:`RUN_LIMIT_S` ends short and gives the rest of its samples back
+to the batch, to be claimed again (by any thread) a run at the new pace. Otherwise one thread
+would load the rest of the batch alone, and a given-up epoch or a shutdown would wait for it.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from typing import Any
 
 from stoker.workers import _fetch
 
-__all__ = ["Board", "OpenBatch", "run_length"]
+__all__ = ["RUN_LIMIT_S", "Board", "OpenBatch", "run_length"]
 
 # Weight of the newest run in the pace (seconds per sample).
 _PACE_WEIGHT = 0.25
+# A run still loading after this long ends short and gives its other samples back.
+RUN_LIMIT_S = 10 * _fetch.STOP_CHECK_S
 
 
 class OpenBatch:
@@ -41,9 +47,22 @@ class OpenBatch:
         work: seconds each thread (by worker id) spent on this batch's runs.
         spans: sampled ``(running, blocked)`` spans the threads closed while on it.
         stop: true once the batch's epoch was abandoned.
+        returned: position ranges ``(start, stop)`` given back by runs that ended short,
+            claimed before the positions from ``next`` on.
     """
 
-    __slots__ = ("closed", "index", "left", "next", "parts", "spans", "stop", "task", "work")
+    __slots__ = (
+        "closed",
+        "index",
+        "left",
+        "next",
+        "parts",
+        "returned",
+        "spans",
+        "stop",
+        "task",
+        "work",
+    )
 
     def __init__(self, task: tuple[Any, ...], stop: Callable[[], bool]) -> None:
         self.task = task
@@ -55,6 +74,7 @@ class OpenBatch:
         self.work: dict[int, float] = {}
         self.spans: list[tuple[float, float]] = []
         self.stop = stop
+        self.returned: list[tuple[int, int]] = []
 
     @property
     def key(self) -> tuple[int, int]:
@@ -91,12 +111,29 @@ class Board:
             batch = min(self._open, key=lambda b: b.key)
             size = len(batch.index)
             run = run_length(self.pace)
-            start = batch.next
-            stop = min(size, start + run)
-            batch.next = stop
-            if stop >= size:
+            if batch.returned:
+                start, end = batch.returned.pop()
+                stop = min(end, start + run)
+                if stop < end:
+                    batch.returned.append((stop, end))
+            else:
+                start = batch.next
+                stop = batch.next = min(size, start + run)
+            if batch.next >= size and not batch.returned:
                 self._open.remove(batch)
             return batch, start, stop
+
+    def give_back(self, batch: OpenBatch, start: int, stop: int) -> None:
+        """Positions ``start:stop`` of a claimed run were not loaded (the run ended short):
+        they can be claimed again."""
+        if start >= stop:
+            return
+        with self._lock:
+            if batch.closed:
+                return
+            batch.returned.append((start, stop))
+            if batch not in self._open:
+                self._open.append(batch)
 
     def finish(
         self, batch: OpenBatch, start: int, parts: list[Any], seconds: float, worker_id: int

@@ -296,6 +296,10 @@ class WorkerPool:
         self.closed = True
         procs = [p for p in self.processes if p is not None]
         alive = [p for p in procs if p.is_alive()]
+        # Batches in flight are not wanted: workers give them up at their next sample instead
+        # of finishing them first (on 2 cores, 4 workers decoding JPEGs took 1.0 s to stop).
+        with contextlib.suppress(OSError, ValueError):
+            self.status.give_up_all()
         for i in range(len(self.processes)):
             with contextlib.suppress(OSError, ValueError):
                 self.queue.put(STOP)

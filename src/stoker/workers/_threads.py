@@ -26,11 +26,11 @@ from torch.utils.data._utils import worker as _torch_worker
 
 from stoker._epoch_sync import apply_changes
 from stoker.workers import _collate
-from stoker.workers._board import Board, OpenBatch, run_length
+from stoker.workers._board import RUN_LIMIT_S, Board, OpenBatch, run_length
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._loop import RETIRE, STOP, BlockedSampler, WorkerSpec
-from stoker.workers._status import IDLE
+from stoker.workers._status import GIVE_UP_ALL, IDLE
 
 __all__ = ["THREAD_REPLY_FIELDS", "ThreadPool"]
 
@@ -80,6 +80,9 @@ class _Status:
 
     def set_epoch(self, epoch: int) -> None:
         self._current = epoch
+
+    def give_up_all(self) -> None:
+        self._current = GIVE_UP_ALL
 
     def begin(self, worker_id: int, epoch: int, task: int) -> None:
         self._rows[worker_id] = [epoch, task, time.monotonic()]
@@ -224,7 +227,7 @@ class _ThreadWorker:
         self.blocked.begin()
         t0 = time.perf_counter()
         try:
-            parts = fetcher.load_run(batch.index[start:stop], seed)
+            parts = fetcher.load_run(batch.index[start:stop], seed, RUN_LIMIT_S)
         except Exception as exc:
             self.blocked.end()
             pool.status.end(wid)
@@ -236,6 +239,10 @@ class _ThreadWorker:
         if span is not None:
             board.add_span(batch, span)
         pool.status.end(wid)
+        if start + len(parts) < stop:  # the run ended short: the rest goes back, for anyone
+            board.give_back(batch, start + len(parts), stop)
+            for _ in range(min(board.idle, stop - start - len(parts))):
+                pool.tasks.put(HELP)
         if board.finish(batch, start, parts, seconds, wid):
             self.reply(batch)
 
@@ -452,6 +459,7 @@ class ThreadPool:
         if self.closed:
             return
         self.closed = True
+        self.status.give_up_all()  # batches in flight are not wanted: stop at the next sample
         for i in range(len(self.specs)):
             self.tasks.put(STOP)
             self.ctrl[i].put(STOP)
