@@ -45,7 +45,7 @@ def test_halving_keeps_the_faster_half_and_writes_the_winner(tmp_path):
     first_round = result.rounds[0][1]
     # 3 candidates -> 1 survivor: the search ends without re-measuring a lone survivor.
     assert len(result.rounds) == 1 and len(first_round) == 3
-    assert result.best == first_round[0][0] and result.best_rate == first_round[0][1]
+    assert (result.best, result.best_rate) == tune_mod.pick(first_round)
     assert result.baseline_rate > 0 and result.best_rate > 0
     settings = load_config(out)
     assert settings["backend"] == result.best.backend
@@ -53,6 +53,24 @@ def test_halving_keeps_the_faster_half_and_writes_the_winner(tmp_path):
     assert "torch's DataLoader defaults" in out.read_text()
     loader = stoker.DataLoader(Squares(), batch_size=32, config=out)
     assert loader.num_workers == result.best.num_workers
+
+
+def test_the_winner_is_the_cheapest_configuration_within_the_noise_of_the_fastest():
+    pick = tune_mod.pick
+    two, four = Candidate("process", 2, 2), Candidate("process", 4, 2)
+    # 4 workers 3% faster than 2: noise; 2 win. 10% faster: 4 win.
+    assert pick([(four, 103.0), (two, 100.0)]) == (two, 100.0)
+    assert pick([(four, 110.0), (two, 100.0)]) == (four, 110.0)
+    # At one count: shallower prefetch, then threads over processes.
+    deep, thread = Candidate("process", 2, 4), Candidate("thread", 2, 2)
+    assert pick([(deep, 101.0), (two, 100.0)]) == (two, 100.0)
+    assert pick([(two, 101.0), (thread, 100.0)]) == (thread, 100.0)
+    # Loading in the main process is preferred last (in training it does not overlap).
+    main = Candidate("process", 0, 2)
+    assert pick([(main, 101.0), (four, 100.0)]) == (four, 100.0)
+    assert pick([(main, 200.0), (four, 100.0)]) == (main, 200.0)
+    with pytest.raises(ValueError):
+        pick([])
 
 
 def test_default_search_probes_the_backend_then_halves_worker_counts_then_prefetch():
