@@ -124,11 +124,8 @@ class Observation:
     consumer_cpu_s: float | None = None
 
 
-def workers_to_fill(
-    cores: float, blocked: float, cap: int = 256, target: float | None = None
-) -> int:
-    """The fewest workers that keep ``cores`` busy ``target`` (default ``FILL_TARGET``) of
-    the time.
+def workers_to_fill(cores: float, blocked: float, cap: int = 256) -> int:
+    """The fewest workers that keep ``cores`` busy ``FILL_TARGET`` of the time.
 
     Each worker is taken to be blocked (inside a sample, off the CPU) a ``blocked`` share of
     its loading time, independently of the others: the awake count is binomial, and the
@@ -139,14 +136,12 @@ def workers_to_fill(
         cores: the cores loading may use (a fraction where the main process uses some).
         blocked: share of a worker's loading time spent blocked, in [0, 1].
         cap: the answer when no count up to it is enough.
-        target: share of the time the cores should be busy.
     """
     blocked = min(max(blocked, 0.0), 1.0)
-    share = FILL_TARGET if target is None else target
     if blocked >= 1.0:
         return cap
     for n in range(max(1, math.ceil(cores - 1e-9)), cap + 1):
-        if busy_cores(cores, blocked, n) >= share * cores:
+        if busy_cores(cores, blocked, n) >= FILL_TARGET * cores:
             return n
     return cap
 

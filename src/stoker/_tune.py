@@ -10,7 +10,7 @@ one measurement rules out:
    usable cores; to 16 x, at most 64, for threads chosen to cover waits) with that backend,
    all in one loader resized between short windows (see :mod:`stoker._tune_measure`); the
    climb stops once counts past the one that keeps the cores busy gain nothing. The best two
-   of the counts that keep the cores mostly busy (:data:`SURVIVOR_FILL`) run twice as long;
+   run twice as long;
 3. **prefetch** (and pinning): the winning count with each other ``prefetch_factor`` (and
    ``pin_memory`` setting), measured as long as the last round.
 
@@ -38,7 +38,7 @@ from stoker._platform import usable_cores
 from stoker._tune_measure import WorkerSession, measure
 from stoker.errors import ConfigError
 
-__all__ = ["Candidate", "TuneResult", "above_floor", "candidates", "measure", "pick", "tune"]
+__all__ = ["Candidate", "TuneResult", "candidates", "measure", "pick", "tune"]
 
 # Seconds of the first round per candidate; each later round doubles it.
 FIRST_ROUND_S = 0.6
@@ -48,13 +48,6 @@ CLIMB_GAIN = 0.05
 CLIMB_PATIENCE = 2
 # Counts from the climb measured again, twice as long, before the prefetch round.
 CLIMB_SURVIVORS = 2
-# Worker counts that keep the cores busy less than this share of the time, by the blocked
-# share the workers measured (see stoker._autotune.workers_to_fill), do not survive the climb:
-# a short window that caught few slow samples rates them high (heavytail, 2 cores: 4 threads
-# measured 1,330 samples/s against 8 threads' 1,232 over 1.2 s, then 1,079 against the grid's
-# best 1,355 over 3 x 2.4 s alternately). Lower than the controller's target: blocking counts
-# waits for the GIL too, which more threads do not cover.
-SURVIVOR_FILL = 0.85
 # The winner is the cheapest configuration of the last round whose rate is within this share
 # of the fastest: short windows on a shared machine differ by 5-10% from noise alone (jpeg on
 # 2 cores, 0.6 s windows at 2 workers: 7-10% coefficient of variation), and a count the noise
@@ -176,19 +169,6 @@ def pick(scored: list[tuple[Candidate, float]]) -> tuple[Candidate, float]:
     fastest = max(rate for _, rate in scored)
     close = [cr for cr in scored if cr[1] >= fastest * (1 - TIE_SHARE)]
     return min(close, key=lambda cr: _cost(cr[0]))
-
-
-def above_floor(
-    scored: list[tuple[Candidate, float]], floor: int | None
-) -> list[tuple[Candidate, float]]:
-    """``scored`` without the worker counts below ``floor`` (the main process stays), or
-    below the highest count measured when none reaches ``floor``; all of it when ``floor``
-    is None (not measured yet)."""
-    counts = [c.num_workers for c, _ in scored if c.num_workers > 0]
-    if floor is None or not counts:
-        return scored
-    floor = min(floor, max(counts))
-    return [cr for cr in scored if cr[0].num_workers == 0 or cr[0].num_workers >= floor]
 
 
 def tune(
@@ -327,10 +307,7 @@ def tune(
         while len(scored) > 1:
             keep = len(scored) // 2
             if session_backend is not None and len(rounds) == 1:
-                # The climb already ranked the counts.
-                floor = session.fill_need(SURVIVOR_FILL) if session is not None else None
-                scored = above_floor(scored, floor)
-                keep = min(len(scored), CLIMB_SURVIVORS)
+                keep = min(keep, CLIMB_SURVIVORS)  # the climb already ranked the counts
             alive = [c for c, _ in scored[: max(1, keep)]]
             if len(alive) == 1 or not fits(2 * run_s, len(alive)):
                 break

@@ -189,14 +189,14 @@ class WorkerSession:
             consume(next(self._it))
         return _timed(self._it, seconds, workers)
 
-    def fill_need(self, target: float | None = None) -> int | None:
-        """:func:`stoker._autotune.workers_to_fill` (to keep the cores busy ``target`` of the
-        time) for the share of their loading time the workers spent blocked so far, or None
-        before :data:`stoker._autotune.BLOCKED_MIN_SPANS` spans were sampled."""
+    def fill_need(self) -> int | None:
+        """:func:`stoker._autotune.workers_to_fill` for the share of their loading time the
+        workers spent blocked so far (process workers sample it), or None before
+        :data:`stoker._autotune.BLOCKED_MIN_SPANS` spans were sampled."""
         blocked, running, count = self._schedule.blocked
         if count < BLOCKED_MIN_SPANS or blocked + running <= 0:
             return None
-        return workers_to_fill(usable_cores(), blocked / (blocked + running), target=target)
+        return workers_to_fill(usable_cores(), blocked / (blocked + running))
 
     def close(self) -> None:
         """Shut the loader's workers down."""

@@ -11,7 +11,6 @@ import pytest
 
 import stoker
 from stoker import _tune as tune_mod
-from stoker._autotune import workers_to_fill
 from stoker._config import load_config
 from stoker._tune import Candidate, candidates, tune
 
@@ -72,18 +71,6 @@ def test_the_winner_is_the_cheapest_configuration_within_the_noise_of_the_fastes
     assert pick([(main, 200.0), (four, 100.0)]) == (main, 200.0)
     with pytest.raises(ValueError):
         pick([])
-
-
-def test_counts_that_cannot_keep_the_cores_busy_do_not_survive_the_climb():
-    main, two, four, eight = (Candidate("thread", n, 2) for n in (0, 2, 4, 8))
-    scored = [(four, 130.0), (eight, 120.0), (two, 60.0), (main, 40.0)]
-    assert tune_mod.above_floor(scored, None) == scored  # blocking not measured yet
-    assert tune_mod.above_floor(scored, 6) == [(eight, 120.0), (main, 40.0)]
-    # No measured count reaches the floor: the highest measured stands in for it.
-    assert tune_mod.above_floor(scored, 12) == [(eight, 120.0), (main, 40.0)]
-    # Workers blocked 55% of their time need 6 to keep 2 cores 85% busy; 5% blocked, 2.
-    assert workers_to_fill(2, 0.55, target=tune_mod.SURVIVOR_FILL) == 6
-    assert workers_to_fill(2, 0.05, target=tune_mod.SURVIVOR_FILL) == 2
 
 
 def test_default_search_probes_the_backend_then_halves_worker_counts_then_prefetch():
