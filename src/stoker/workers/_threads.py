@@ -194,8 +194,13 @@ class _ThreadWorker:
         """Put a task on the board, and wake as many waiting threads as it has runs for."""
         pool = self.pool
         batch = pool.board.open(msg, pool.status.abandoned(msg[1]))
-        runs = -(-len(batch.index) // run_length(pool.board.pace))
-        for _ in range(min(pool.board.idle, runs - 1)):
+        self.wake(-(-len(batch.index) // run_length(pool.board.pace)) - 1)
+
+    def wake(self, runs: int) -> None:
+        """Wake as many threads waiting for a task as there are ``runs`` for them to help
+        with."""
+        pool = self.pool
+        for _ in range(min(pool.board.idle, runs)):
             pool.tasks.put(HELP)
 
     def help(self) -> bool:
@@ -239,11 +244,11 @@ class _ThreadWorker:
         if span is not None:
             board.add_span(batch, span)
         pool.status.end(wid)
+        done = board.finish(batch, start, parts, seconds, wid)  # (the pace now counts it)
         if start + len(parts) < stop:  # the run ended short: the rest goes back, for anyone
             board.give_back(batch, start + len(parts), stop)
-            for _ in range(min(board.idle, stop - start - len(parts))):
-                pool.tasks.put(HELP)
-        if board.finish(batch, start, parts, seconds, wid):
+            self.wake(-(-(stop - start - len(parts)) // run_length(board.pace)))
+        if done:
             self.reply(batch)
 
     def reply(self, batch: OpenBatch) -> None:
