@@ -10,6 +10,7 @@ after a worker dies, to find the batches that worker took). A task too large for
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import struct
@@ -76,22 +77,45 @@ class TaskQueue:
             EOFError: when every write end is closed.
         """
         fd = self.reader.fileno()
-        record = os.read(fd, RECORD)
+        record = _read(fd, RECORD)
         if not record:
             raise EOFError
         while len(record) < RECORD:  # cannot happen with whole-record writes; be safe
-            more = os.read(fd, RECORD - len(record))
+            more = _read(fd, RECORD - len(record))
             if not more:
                 raise EOFError
             record += more
         return self._decode(record)
 
     def drain(self) -> list[bytes]:
-        """Take every task no worker has taken yet, without blocking (main process)."""
+        """Take every task no worker has taken yet, without blocking (main process).
+
+        Workers read the same pipe: between a poll that saw a record and the read, a worker
+        could take it and the read would block for good (a test hung so). The read end is
+        switched to non-blocking while draining; a worker that reads meanwhile waits in
+        :func:`_read` instead.
+        """
         fd = self.reader.fileno()
-        out = []
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while poller.poll(0):
-            out.append(self.get())
-        return out
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        out: list[bytes] = []
+        try:
+            while True:
+                try:
+                    record = os.read(fd, RECORD)
+                except BlockingIOError:
+                    return out
+                if not record:
+                    return out
+                out.append(self._decode(record))  # whole: records are written atomically
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+
+def _read(fd: int, n: int) -> bytes:
+    """``os.read``, waiting while the main process drains the queue (non-blocking then)."""
+    while True:
+        try:
+            return os.read(fd, n)
+        except BlockingIOError:
+            select.select([fd], [], [])
