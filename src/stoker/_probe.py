@@ -230,7 +230,9 @@ def choose_backend(
         budget_s: seconds the probe may spend.
         detail: if given, ``detail["waits"]`` is set to True when threads were chosen to
             cover waits (not to share a dataset processes would copy): processes do as well
-            there, and better while the training loop holds the GIL.
+            there, and better while the training loop holds the GIL; and
+            ``detail["wait_share"]`` to the share of the serial pass's loading time spent
+            waiting (off the CPU), once measured.
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -296,6 +298,8 @@ def choose_backend(
         max(0.0, 1.0 - c / w) if w > 0 else 0.0 for c, w in zip(cpus, walls, strict=True)
     )
     waiting_all = max(0.0, 1.0 - sum(cpus) / serial) if serial > 0 else 0.0
+    if detail is not None:
+        detail["wait_share"] = waiting_all
     cow = copied >= COW_BYTES_PER_SAMPLE and _holds_python_objects(dataset)
     next_index = len(order) + loaded
     speedup = 0.0

@@ -9,7 +9,9 @@ one measurement rules out:
 2. **workers**: loading in the main process, then a climb through worker counts (1 to 4 x the
    usable cores; to 16 x, at most 64, for threads chosen to cover waits) with that backend,
    all in one loader resized between short windows (see :mod:`stoker._tune_measure`); the
-   climb stops once counts past the one that keeps the cores busy gain nothing. The best two
+   climb stops once counts past the one that keeps the cores busy gain nothing. For threads
+   chosen to cover waits, the main process and the counts too few to keep one core busy
+   through the waits the probe measured are skipped (see :func:`climb_start`). The best two
    run twice as long;
 3. **prefetch** (and pinning): the winning count with each other ``prefetch_factor`` (and
    ``pin_memory`` setting), measured as long as the last round.
@@ -38,7 +40,7 @@ from stoker._platform import usable_cores
 from stoker._tune_measure import WorkerSession, measure
 from stoker.errors import ConfigError
 
-__all__ = ["Candidate", "TuneResult", "candidates", "measure", "pick", "tune"]
+__all__ = ["Candidate", "TuneResult", "candidates", "climb_start", "measure", "pick", "tune"]
 
 # Seconds of the first round per candidate; each later round doubles it.
 FIRST_ROUND_S = 0.6
@@ -127,6 +129,25 @@ def worker_counts(cores: int, waits: bool = False) -> list[int]:
     """
     most = max(4 * cores, min(WAITING_MOST, 16 * cores)) if waits else 4 * cores
     return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= most} | {cores})
+
+
+def climb_start(cores: int, wait_share: float, counts: list[int]) -> int:
+    """The first of ``counts`` the climb measures when threads were chosen to cover waits.
+
+    Threads that wait a ``wait_share`` of their loading time keep at most ``1 - wait_share``
+    of a core each: fewer than ``1 / (1 - wait_share)`` of them leave even one core (all the
+    GIL allows work that holds it) idle part of the time, so each count below that loads
+    slower than the next. The estimate ignores contention among the threads, so the start
+    is capped at 2 x ``cores``; the climb then measures upwards from there.
+
+    Args:
+        cores: usable cores.
+        wait_share: share of the loading time spent waiting, from the probe's serial pass.
+        counts: the worker counts searched, ascending.
+    """
+    keep_one_busy = 1.0 / max(1e-3, 1.0 - min(max(wait_share, 0.0), 1.0))
+    limit = max(1.0, min(keep_one_busy, 2.0 * cores))
+    return max((n for n in counts if n <= limit), default=counts[0])
 
 
 def _pins(device: str | None) -> tuple[bool, ...]:
@@ -285,10 +306,23 @@ def tune(
         notes.append(f"backend={backend}: {why}")
         if report is not None:
             report(f"backend probe: {backend} ({why})")
-        counts = worker_counts(
-            usable_cores(), waits=backend == "thread" and bool(probed.get("waits"))
-        )
-        space = [Candidate("process", 0, 2)] + [Candidate(backend, n, PREFETCH[0]) for n in counts]
+        waits = backend == "thread" and bool(probed.get("waits"))
+        counts = worker_counts(usable_cores(), waits=waits)
+        if waits:
+            # Loading waits and threads ran it in parallel: one loader in the main process
+            # cannot keep up with them, nor can fewer threads than the climb's first count.
+            first = climb_start(usable_cores(), float(probed.get("wait_share", 0.0)), counts)
+            counts = [n for n in counts if n >= first]
+            notes.append(
+                f"not measured: the main process and fewer than {first} threads (loading "
+                f"waits {float(probed.get('wait_share', 0.0)):.0%} of its time)"
+            )
+            if report is not None:
+                report(notes[-1])
+            space = []
+        else:
+            space = [Candidate("process", 0, 2)]
+        space += [Candidate(backend, n, PREFETCH[0]) for n in counts]
         finals = [
             (pf, pin)
             for pf in PREFETCH

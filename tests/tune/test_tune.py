@@ -93,6 +93,33 @@ def test_default_search_probes_the_backend_then_halves_worker_counts_then_prefet
     assert result.best in last
 
 
+def test_threads_covering_waits_start_the_climb_where_they_keep_one_core_busy():
+    counts = tune_mod.worker_counts(2, waits=True)
+    # 77% waits: 1 / 0.23 = 4.3 threads keep one core busy -> the climb starts at 4.
+    assert tune_mod.climb_start(2, 0.77, counts) == 4
+    # 30% waits: 1.4 -> 1; 60%: 2.5 -> 2.
+    assert tune_mod.climb_start(2, 0.30, counts) == 1
+    assert tune_mod.climb_start(2, 0.60, counts) == 2
+    # Nearly all waiting: capped at 2 x cores (contention among threads is not estimated).
+    assert tune_mod.climb_start(2, 0.99, counts) == 4
+    assert tune_mod.climb_start(16, 0.99, tune_mod.worker_counts(16, waits=True)) == 32
+    assert tune_mod.climb_start(2, 1.0, counts) == 4 and tune_mod.climb_start(2, -1, counts) == 1
+
+
+def test_threads_covering_waits_skip_the_main_process_and_the_counts_below_the_start():
+    from .tune_factories import Sleepy
+
+    result = tune(Sleepy(), 4, budget_s=10, output=None)
+    # Samples that sleep 90% of their time: threads, to cover the waits.
+    assert result.notes[0].startswith("backend=thread"), result.notes
+    skipped = result.notes[1]
+    assert skipped.startswith("not measured: the main process and fewer than 4 threads"), skipped
+    first = [c for c, _ in result.rounds[0][1]]
+    counts = sorted(c.num_workers for c in first)
+    assert counts == [4, 6, 8, 12, 16, 24, 32][: len(counts)] and len(counts) >= 2
+    assert result.best.num_workers >= 4 and result.baseline_rate > 0
+
+
 def test_loading_in_the_main_process_is_a_candidate_and_configures_cleanly(tmp_path):
     cand = Candidate("process", 0, 2)
     assert cand.label == "main process nw=0"
