@@ -164,6 +164,24 @@ def test_auto_loader_that_loads_inline_says_why_and_delivers_torchs_batches():
     assert got == want
 
 
+def test_an_auto_loader_that_loads_inline_does_not_keep_an_epochs_iterator():
+    import gc
+    import weakref
+
+    import stoker
+
+    loader = stoker.DataLoader(Cheap(), batch_size=8, num_workers="auto")
+    it = iter(loader)
+    next(it)
+    assert loader.stats().backend == "inline"
+    first = weakref.ref(it)
+    del it
+    gc.collect()
+    # Nothing holds an abandoned epoch's iterator (its batches loaded ahead, its sampler).
+    assert first() is None
+    assert len(list(loader)) == -(-len(Cheap()) // 8)
+
+
 def test_probe_child_does_not_hang_after_the_parent_used_openmp():
     """The bench's situation: torch loaders ran here (OpenMP pool live), a thread samples
     memory, then a loader with ``num_workers="auto"`` forks its probe child."""
