@@ -23,12 +23,12 @@ from typing import Any
 
 import cloudpickle
 from torch.utils.data import dataloader as _torch_dl
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker._dispatch import TaskBook, batch_task
 from stoker._epoch_sync import AttributeTracker
 from stoker._platform import shm_dir, shm_free_bytes, usable_cores
 from stoker._recovery import RecoveryMixin, worker_pid
+from stoker._replies import ReplyMixin
 from stoker._resume import EpochState, stateful, warn_fast_forward
 from stoker._scaling import AutoScaler
 from stoker._seeding import epoch_seed
@@ -39,16 +39,13 @@ from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import Failure
 from stoker.transport import (
     SlotMap,
-    decode,
     reclaim_stale_segments,
     slot_prefix,
-    unlink_owned,
 )
 from stoker.workers import WorkerPool
-from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
 from stoker.workers._status import IDLE
-from stoker.workers._threads import THREAD_REPLY_FIELDS, ThreadPool
+from stoker.workers._threads import ThreadPool
 
 __all__ = ["MultiWorkerIterator"]
 
@@ -70,7 +67,7 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised by a subprocess tes
             it._shutdown()
 
 
-class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoaderIter):
+class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoaderIter):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
@@ -421,121 +418,6 @@ class MultiWorkerIterator(RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoade
         """An epoch message carrying every change since the pool started (for a new worker)."""
         changes = list(self._all_changes.items())
         return self._epoch_message(changes, self._last_set_epoch)
-
-    def _handle(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "F":
-            worker_id, packed = msg[1], msg[2]
-            pid = worker_pid(self._workers[worker_id])
-            self._shutdown()
-            raise unpack_exception(packed, worker_id, pid, None)
-        epoch, idx, wid = msg[1], msg[2], msg[3]
-        if kind == "A":  # a worker finished its setup (worker_init_fn) and is ready
-            self._ready.add(wid)
-            return
-        if kind == "R":  # a worker retired on request (num_workers="auto")
-            pool = self._pool
-            if pool is not None:
-                if self._backend == "process":
-                    self._drop_slots_of(pool, wid)
-                pool.retired_worker(wid)
-            if self._scaler is not None:
-                self._scaler.retired()
-            return
-        if kind == "D":
-            self._slots.forget(msg[6])
-            if msg[5] is not None and epoch == self._epoch:
-                # Map the slot now: its worker may leave (and its file go) before delivery.
-                msg = (*msg, self._slots.open(msg[5]))
-            self._worker_batches[wid] += 1
-            # Seconds each worker spent on the batch (threads may share one), and the
-            # (running, blocked) spans its workers closed meanwhile.
-            work, spans = msg[4]
-            for worker, seconds in work:
-                self._worker_busy[worker] += seconds
-            if self._scaler is not None:
-                self._scaler.record_latency(sum(seconds for _, seconds in work))
-                for span in spans:
-                    self._scaler.record_blocked(*span)
-        if epoch != self._epoch or idx not in self._book.pending():
-            self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
-            return
-        if kind == "Q":  # given up: only for a later epoch, or for the handover to threads
-            if self._handover != "drain":
-                raise RuntimeError(f"stoker: a worker gave up batch {idx} of the current epoch")
-            self._take_back(msg)
-            return
-        if idx in self._fast_forward:  # delivered before the checkpoint: drop it again
-            self._fast_forward.discard(idx)
-            self._discard(msg)
-            if kind == "Z":
-                self._active[wid] = False
-            self._book.skip(idx)
-            self._fill()
-            return
-        if kind == "Z":
-            self._active[wid] = False
-            if len(msg) > 4 and msg[4] is not None and self._state is not None:
-                self._state.worker_states[wid] = msg[4]  # its stream's end
-            self._book.skip(idx)
-            self._fill()
-            return
-        if kind == "K":
-            self._record_failures(msg[4], wid)
-            self._book.skip(idx)
-            self._fill()
-            return
-        if kind == "D" and msg[9]:
-            self._record_failures(msg[9], wid)
-        self._book.complete(idx, (msg, self._book.request(idx)))
-
-    def _drop_slots_of(self, pool: Any, worker_id: int) -> None:
-        """A retired worker left the slots it had handed over: every one of its headers came
-        before its goodbye and is mapped, so the files can go (the memory goes with the last
-        view)."""
-        pid = worker_pid(pool.processes[worker_id])
-        if pid is None:
-            return
-        prefix = f"{pool.prefix}w{worker_id}-{pid}-"
-        unlink_owned(prefix, pool.shm_dir)
-        self._slots.forget_prefix(prefix)
-
-    def _record_failures(self, failures: list[tuple[Any, ...]], worker_id: int) -> None:
-        for index, exc_type, message, replacement in failures:
-            self._failures.append(
-                Failure(index, self._epoch, worker_id, exc_type, message, replacement)
-            )
-            if replacement is None:
-                self._failed_samples += 1
-        self._policy.check(self._failures, self._samples + self._failed_samples)
-
-    def _discard(self, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "D" and msg[5] is not None:
-            with contextlib.suppress(OSError):
-                self._slots.release(msg[5])
-
-    def _deliver(self, idx: int, reply: tuple[tuple[Any, ...], Any]) -> Any:
-        msg, index = reply
-        if self._state is not None:
-            self._state.delivered.add(idx)
-        if msg[0] == "X":
-            worker_id = msg[3]
-            raise unpack_exception(msg[4], worker_id, worker_pid(self._workers[worker_id]), index)
-        slot, payload, fallback = msg[5], msg[7], msg[8]
-        if len(msg) > 10 and msg[10] is not None and self._state is not None:
-            self._state.worker_states[msg[3]] = msg[10]  # position after this batch
-        self._fallbacks += fallback
-        self._samples += len(index) if self._auto_collation and index is not None else 1
-        if self._failures and isinstance(self._policy.max_failures, float):
-            # A fractional limit can be exceeded by early failures alone: check as samples come.
-            self._policy.check(self._failures, self._samples + self._failed_samples)
-        if len(msg) == THREAD_REPLY_FIELDS:  # a thread's batch (the backend may have changed)
-            batch = payload
-        else:
-            batch = decode(payload, slot, self._slots, msg[11] if len(msg) > 11 else None)
-        if self._pin_memory:
-            batch = _pin_memory(batch, self._pin_memory_device)
-        return batch
 
     # -- state, stats and shutdown -------------------------------------------------------
 

@@ -1,0 +1,182 @@
+"""What the multi-worker iterator does with each worker reply.
+
+A reply is one tuple, its kind first:
+
+* ``"D"``: a batch loaded (its header names the shared-memory slot holding the batch's
+  bytes; a thread's reply carries the batch itself);
+* ``"X"``: a batch that raised; ``"K"``: a batch of which nothing could be loaded (tolerant
+  ``on_error`` policies);
+* ``"Z"``: an iterable worker's stream ended; ``"Q"``: a batch given up (a later epoch
+  started, or the handover to threads);
+* ``"A"``: a worker is ready; ``"R"``: a worker retired; ``"F"``: a worker failed to start
+  (its ``worker_init_fn`` raised).
+
+Replies of an abandoned epoch, and duplicates after a restart, are discarded and their slots
+released. The rest complete their batch in the task book, which hands batches out (in order
+unless ``in_order=False``). A batch is delivered as views of its slot, and its failures count
+against the loader's ``on_error`` limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from stoker._recovery import worker_pid
+from stoker.faults import Failure
+from stoker.transport import decode, unlink_owned
+from stoker.workers._errors import unpack_exception
+from stoker.workers._threads import THREAD_REPLY_FIELDS
+
+__all__ = ["ReplyMixin"]
+
+
+class ReplyMixin:
+    """Reply handling and delivery for :class:`stoker._iterator.MultiWorkerIterator`."""
+
+    # Provided by the iterator (and the handover mixin: _handover, _take_back).
+    _pool: Any
+    _book: Any
+    _backend: str
+    _epoch: int
+    _workers: Any
+    _ready: set[int]
+    _slots: Any
+    _scaler: Any
+    _state: Any
+    _handover: str | None
+    _fast_forward: set[int]
+    _active: list[bool]
+    _worker_batches: Any
+    _worker_busy: Any
+    _failures: list[Failure]
+    _failed_samples: int
+    _samples: int
+    _fallbacks: int
+    _policy: Any
+    _auto_collation: bool
+    _pin_memory: bool
+    _pin_memory_device: Any
+    # Methods of the iterator and the handover mixin (annotations only: a stub here would
+    # shadow the handover mixin's method, which comes later in the iterator's bases).
+    _shutdown: Callable[[], None]
+    _fill: Callable[[], None]
+    _take_back: Callable[[tuple[Any, ...]], None]
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "F":
+            worker_id, packed = msg[1], msg[2]
+            pid = worker_pid(self._workers[worker_id])
+            self._shutdown()
+            raise unpack_exception(packed, worker_id, pid, None)
+        epoch, idx, wid = msg[1], msg[2], msg[3]
+        if kind == "A":  # a worker finished its setup (worker_init_fn) and is ready
+            self._ready.add(wid)
+            return
+        if kind == "R":  # a worker retired on request (num_workers="auto")
+            pool = self._pool
+            if pool is not None:
+                if self._backend == "process":
+                    self._drop_slots_of(pool, wid)
+                pool.retired_worker(wid)
+            if self._scaler is not None:
+                self._scaler.retired()
+            return
+        if kind == "D":
+            self._slots.forget(msg[6])
+            if msg[5] is not None and epoch == self._epoch:
+                # Map the slot now: its worker may leave (and its file go) before delivery.
+                msg = (*msg, self._slots.open(msg[5]))
+            self._worker_batches[wid] += 1
+            # Seconds each worker spent on the batch (threads may share one), and the
+            # (running, blocked) spans its workers closed meanwhile.
+            work, spans = msg[4]
+            for worker, seconds in work:
+                self._worker_busy[worker] += seconds
+            if self._scaler is not None:
+                self._scaler.record_latency(sum(seconds for _, seconds in work))
+                for span in spans:
+                    self._scaler.record_blocked(*span)
+        if epoch != self._epoch or idx not in self._book.pending():
+            self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
+            return
+        if kind == "Q":  # given up: only for a later epoch, or for the handover to threads
+            if self._handover != "drain":
+                raise RuntimeError(f"stoker: a worker gave up batch {idx} of the current epoch")
+            self._take_back(msg)
+            return
+        if idx in self._fast_forward:  # delivered before the checkpoint: drop it again
+            self._fast_forward.discard(idx)
+            self._discard(msg)
+            if kind == "Z":
+                self._active[wid] = False
+            self._book.skip(idx)
+            self._fill()
+            return
+        if kind == "Z":
+            self._active[wid] = False
+            if len(msg) > 4 and msg[4] is not None and self._state is not None:
+                self._state.worker_states[wid] = msg[4]  # its stream's end
+            self._book.skip(idx)
+            self._fill()
+            return
+        if kind == "K":
+            self._record_failures(msg[4], wid)
+            self._book.skip(idx)
+            self._fill()
+            return
+        if kind == "D" and msg[9]:
+            self._record_failures(msg[9], wid)
+        self._book.complete(idx, (msg, self._book.request(idx)))
+
+    def _drop_slots_of(self, pool: Any, worker_id: int) -> None:
+        """A retired worker left the slots it had handed over: every one of its headers came
+        before its goodbye and is mapped, so the files can go (the memory goes with the last
+        view)."""
+        pid = worker_pid(pool.processes[worker_id])
+        if pid is None:
+            return
+        prefix = f"{pool.prefix}w{worker_id}-{pid}-"
+        unlink_owned(prefix, pool.shm_dir)
+        self._slots.forget_prefix(prefix)
+
+    def _record_failures(self, failures: list[tuple[Any, ...]], worker_id: int) -> None:
+        for index, exc_type, message, replacement in failures:
+            self._failures.append(
+                Failure(index, self._epoch, worker_id, exc_type, message, replacement)
+            )
+            if replacement is None:
+                self._failed_samples += 1
+        self._policy.check(self._failures, self._samples + self._failed_samples)
+
+    def _discard(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "D" and msg[5] is not None:
+            with contextlib.suppress(OSError):
+                self._slots.release(msg[5])
+
+    def _deliver(self, idx: int, reply: tuple[tuple[Any, ...], Any]) -> Any:
+        msg, index = reply
+        if self._state is not None:
+            self._state.delivered.add(idx)
+        if msg[0] == "X":
+            worker_id = msg[3]
+            raise unpack_exception(msg[4], worker_id, worker_pid(self._workers[worker_id]), index)
+        slot, payload, fallback = msg[5], msg[7], msg[8]
+        if len(msg) > 10 and msg[10] is not None and self._state is not None:
+            self._state.worker_states[msg[3]] = msg[10]  # position after this batch
+        self._fallbacks += fallback
+        self._samples += len(index) if self._auto_collation and index is not None else 1
+        if self._failures and isinstance(self._policy.max_failures, float):
+            # A fractional limit can be exceeded by early failures alone: check as samples come.
+            self._policy.check(self._failures, self._samples + self._failed_samples)
+        if len(msg) == THREAD_REPLY_FIELDS:  # a thread's batch (the backend may have changed)
+            batch = payload
+        else:
+            batch = decode(payload, slot, self._slots, msg[11] if len(msg) > 11 else None)
+        if self._pin_memory:
+            batch = _pin_memory(batch, self._pin_memory_device)
+        return batch
