@@ -232,7 +232,9 @@ def choose_backend(
             cover waits (not to share a dataset processes would copy): processes do as well
             there, and better while the training loop holds the GIL; and
             ``detail["wait_share"]`` to the share of the serial pass's loading time spent
-            waiting (off the CPU), once measured.
+            waiting (off the CPU), ``detail["batch_s"]`` to the seconds a batch took to load
+            in it and ``detail["copies"]`` to whether forked workers would copy the dataset,
+            once measured.
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -300,7 +302,10 @@ def choose_backend(
     waiting_all = max(0.0, 1.0 - sum(cpus) / serial) if serial > 0 else 0.0
     if detail is not None:
         detail["wait_share"] = waiting_all
+        detail["batch_s"] = batch_s
     cow = copied >= COW_BYTES_PER_SAMPLE and _holds_python_objects(dataset)
+    if detail is not None:
+        detail["copies"] = cow
     next_index = len(order) + loaded
     speedup = 0.0
     # How two threads fare matters only to samples that wait and to datasets that forked

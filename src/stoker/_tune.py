@@ -11,8 +11,9 @@ one measurement rules out:
    all in one loader resized between short windows (see :mod:`stoker._tune_measure`); the
    climb stops once counts past the one that keeps the cores busy gain nothing. For threads
    chosen to cover waits, the main process and the counts too few to keep one core busy
-   through the waits the probe measured are skipped (see :func:`climb_start`). The best two
-   run twice as long;
+   through the waits the probe measured are skipped (see :func:`climb_start`); so is the main
+   process for processes chosen for CPU work in batches of at least
+   :data:`MAIN_PROCESS_MAX_BATCH_S`. The best two run twice as long;
 3. **prefetch** (and pinning): the winning count with each other ``prefetch_factor`` (and
    ``pin_memory`` setting), measured as long as the last round.
 
@@ -48,6 +49,10 @@ FIRST_ROUND_S = 0.6
 # not beat the best so far by CLIMB_GAIN.
 CLIMB_GAIN = 0.05
 CLIMB_PATIENCE = 2
+# The probe chose processes for CPU work that takes at least this long per batch: loading in
+# the main process is not measured (processes load it about once per core as fast, less the
+# main process's receiving, 0.8-1.2 ms a batch in `stoker bench`'s "main ms/batch").
+MAIN_PROCESS_MAX_BATCH_S = 0.01
 # Counts from the climb measured again, twice as long, before the prefetch round.
 CLIMB_SURVIVORS = 2
 # The winner is the cheapest configuration of the last round whose rate is within this share
@@ -308,7 +313,23 @@ def tune(
             report(f"backend probe: {backend} ({why})")
         waits = backend == "thread" and bool(probed.get("waits"))
         counts = worker_counts(usable_cores(), waits=waits)
-        if waits:
+        batch_s = float(probed.get("batch_s", 0.0))
+        if (
+            backend == "process"
+            and usable_cores() >= 2
+            and batch_s >= MAIN_PROCESS_MAX_BATCH_S
+            and not probed.get("copies")
+        ):
+            # CPU work that processes run in parallel, in batches that take far longer to
+            # load than to receive: the main process alone cannot keep up with them.
+            notes.append(
+                f"not measured: the main process (a batch takes {batch_s * 1e3:,.0f} ms to load, "
+                f"CPU work that processes spread over {usable_cores()} cores)"
+            )
+            if report is not None:
+                report(notes[-1])
+            space = []
+        elif waits:
             # Loading waits and threads ran it in parallel: one loader in the main process
             # cannot keep up with them, nor can fewer threads than the climb's first count.
             first = climb_start(usable_cores(), float(probed.get("wait_share", 0.0)), counts)

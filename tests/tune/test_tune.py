@@ -120,6 +120,18 @@ def test_threads_covering_waits_skip_the_main_process_and_the_counts_below_the_s
     assert result.best.num_workers >= 4 and result.baseline_rate > 0
 
 
+def test_processes_for_slow_cpu_batches_skip_the_main_process():
+    from .tune_factories import Busy
+
+    # 16 samples of 1 ms: a 16-ms batch, longer than MAIN_PROCESS_MAX_BATCH_S.
+    result = tune(Busy(), 16, budget_s=10, output=None)
+    assert result.notes[0].startswith("backend=process"), result.notes
+    assert result.notes[1].startswith("not measured: the main process (a batch takes")
+    counts = sorted(c.num_workers for c, _ in result.rounds[0][1])
+    assert counts == [1, 2, 3, 4, 6, 8][: len(counts)] and len(counts) >= 2
+    assert result.baseline_rate > 0  # torch's defaults, in the main process, still measured
+
+
 def test_loading_in_the_main_process_is_a_candidate_and_configures_cleanly(tmp_path):
     cand = Candidate("process", 0, 2)
     assert cand.label == "main process nw=0"

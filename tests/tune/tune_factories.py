@@ -30,5 +30,18 @@ class Sleepy(Dataset):
         return torch.full((4,), float(i))
 
 
+class Busy(Dataset):
+    """Samples that compute about 1 ms in Python (holding the GIL): CPU work for processes."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        return torch.full((4,), float(i))
+
+
 def make_dataset() -> Squares:
     return Squares()
