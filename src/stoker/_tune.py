@@ -155,6 +155,36 @@ def climb_start(cores: int, wait_share: float, counts: list[int]) -> int:
     return max((n for n in counts if n <= limit), default=counts[0])
 
 
+def _ruled_out(backend: str, probed: dict[str, Any], counts: list[int]) -> tuple[list[int], str]:
+    """The worker counts worth measuring after the backend probe, and what the probe ruled
+    out (``""``: nothing; else the main process, and for threads covering waits the counts
+    below :func:`climb_start`), with why."""
+    cores = usable_cores()
+    if backend == "thread" and probed.get("waits"):
+        # Loading waits and threads ran it in parallel: one loader in the main process cannot
+        # keep up with them, nor can fewer threads than the climb's first count.
+        wait_share = float(probed.get("wait_share", 0.0))
+        first = climb_start(cores, wait_share, counts)
+        return [n for n in counts if n >= first], (
+            f"the main process and fewer than {first} threads (loading waits "
+            f"{wait_share:.0%} of its time)"
+        )
+    batch_s = float(probed.get("batch_s", 0.0))
+    if (
+        backend == "process"
+        and cores >= 2
+        and batch_s >= MAIN_PROCESS_MAX_BATCH_S
+        and not probed.get("copies")
+    ):
+        # CPU work that processes run in parallel, in batches that take far longer to load
+        # than to receive: the main process alone cannot keep up with them.
+        return counts, (
+            f"the main process (a batch takes {batch_s * 1e3:,.0f} ms to load, CPU work that "
+            f"processes spread over {cores} cores)"
+        )
+    return counts, ""
+
+
 def _pins(device: str | None) -> tuple[bool, ...]:
     return (False, True) if device is not None and device.startswith("cuda") else (False,)
 
@@ -312,37 +342,12 @@ def tune(
         if report is not None:
             report(f"backend probe: {backend} ({why})")
         waits = backend == "thread" and bool(probed.get("waits"))
-        counts = worker_counts(usable_cores(), waits=waits)
-        batch_s = float(probed.get("batch_s", 0.0))
-        if (
-            backend == "process"
-            and usable_cores() >= 2
-            and batch_s >= MAIN_PROCESS_MAX_BATCH_S
-            and not probed.get("copies")
-        ):
-            # CPU work that processes run in parallel, in batches that take far longer to
-            # load than to receive: the main process alone cannot keep up with them.
-            notes.append(
-                f"not measured: the main process (a batch takes {batch_s * 1e3:,.0f} ms to load, "
-                f"CPU work that processes spread over {usable_cores()} cores)"
-            )
+        counts, skipped = _ruled_out(backend, probed, worker_counts(usable_cores(), waits=waits))
+        space = [] if skipped else [Candidate("process", 0, 2)]
+        if skipped:
+            notes.append(f"not measured: {skipped}")
             if report is not None:
                 report(notes[-1])
-            space = []
-        elif waits:
-            # Loading waits and threads ran it in parallel: one loader in the main process
-            # cannot keep up with them, nor can fewer threads than the climb's first count.
-            first = climb_start(usable_cores(), float(probed.get("wait_share", 0.0)), counts)
-            counts = [n for n in counts if n >= first]
-            notes.append(
-                f"not measured: the main process and fewer than {first} threads (loading "
-                f"waits {float(probed.get('wait_share', 0.0)):.0%} of its time)"
-            )
-            if report is not None:
-                report(notes[-1])
-            space = []
-        else:
-            space = [Candidate("process", 0, 2)]
         space += [Candidate(backend, n, PREFETCH[0]) for n in counts]
         finals = [
             (pf, pin)
