@@ -300,12 +300,9 @@ def choose_backend(
         max(0.0, 1.0 - c / w) if w > 0 else 0.0 for c, w in zip(cpus, walls, strict=True)
     )
     waiting_all = max(0.0, 1.0 - sum(cpus) / serial) if serial > 0 else 0.0
-    if detail is not None:
-        detail["wait_share"] = waiting_all
-        detail["batch_s"] = batch_s
     cow = copied >= COW_BYTES_PER_SAMPLE and _holds_python_objects(dataset)
     if detail is not None:
-        detail["copies"] = cow
+        detail.update(wait_share=waiting_all, batch_s=batch_s, copies=cow)
     next_index = len(order) + loaded
     speedup = 0.0
     # How two threads fare matters only to samples that wait and to datasets that forked
