@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -535,3 +536,42 @@ def test_a_controller_that_takes_over_a_pool_starts_from_its_measured_share():
     assert new.take_over(old) == new.workers == workers_to_fill(2, 0.5)
     # Nothing sampled: the count handed over stands.
     assert Controller(start=4, max_workers=32).take_over(Controller(start=4, max_workers=4)) == 4
+
+
+def test_start_up_ends_at_the_first_delivery_and_the_first_measured_interval_is_short(
+    monkeypatch,
+):
+    """The scaler's schedule, on a hand-driven clock: nothing is measured until a batch was
+    delivered; the first interval measured from there is short; the next ones are whole."""
+    from types import SimpleNamespace
+
+    from stoker import _scaling
+
+    clock = [0.0]
+    monkeypatch.setattr(_scaling, "_clock", lambda: clock[0])
+    seen: list[Observation] = []
+
+    class Recorder:
+        def observe(self, obs: Observation) -> None:
+            seen.append(obs)
+
+    scaler = _scaling.AutoScaler(Recorder(), "thread")  # type: ignore[arg-type]
+    pool = SimpleNamespace(active=[0])
+
+    def step(t: float, delivered: int) -> None:
+        clock[0] = t
+        scaler.step(pool, wait_s=t, busy_s=0.0, delivered=delivered, on_added=lambda i: None)
+
+    interval = _scaling.CONTROL_INTERVAL_S + 1e-9  # (a whole one, whatever the rounding)
+    first = _scaling.CONTROL_INTERVAL_S * _scaling.FIRST_INTERVAL_SHARE + 1e-9
+    step(1.0, 0)  # a second of start-up, nothing delivered yet: nothing measured
+    step(1.5, 1)  # the first delivery: start-up ends here
+    step(1.5 + first / 2, 2)
+    assert seen == []
+    step(1.5 + first, 3)
+    assert len(seen) == 1 and not seen[0].settling
+    assert seen[0].wall_s == pytest.approx(first) and seen[0].batches == 2
+    step(1.5 + first + interval / 2, 4)
+    assert len(seen) == 1
+    step(1.5 + first + interval, 5)
+    assert len(seen) == 2 and seen[1].wall_s == pytest.approx(interval)
