@@ -30,7 +30,8 @@ CONTROL_INTERVAL_S = 0.2
 # The first measured interval, from the first delivery, as a share of CONTROL_INTERVAL_S:
 # starting from too few workers shows at once (the consumer waits, cores sit idle), and a
 # change it gets wrong is a trial, taken back on the rate. (The bench's large workload from
-# one worker: the second worker started 0.27 s after the first batch, now 0.05-0.07 s.)
+# one worker: the second worker started 0.27 s after the first batch, now by the next
+# batch, 0.07 s at most in two timelines.)
 FIRST_INTERVAL_SHARE = 0.25
 # The scaler's clock (tests drive it by hand).
 _clock = time.monotonic

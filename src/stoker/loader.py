@@ -271,14 +271,13 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> Any:
         if self._coordinator is not None:  # every epoch starts here, persistent or not
             self._coordinator.begin_epoch(self)
-        iterator = super().__iter__()
-        if self.num_workers == 0 and self._iterator is not None:
-            # num_workers="auto" chose the main process inside this call, after torch had
-            # kept the iterator as the persistent one: like any num_workers=0 iterator it
-            # serves one epoch. Kept, it would pin its batches loaded ahead and its sampler's
-            # pass (3M indices: 133 MiB on the bench's memory workload) for the loader's life.
-            self._iterator = None
-        return iterator
+        if self.num_workers > 0 and self._resolved_backend == "auto":
+            # Before torch's __iter__: when num_workers="auto" chooses the main process, torch
+            # must see num_workers=0, or it keeps the first iterator as a persistent one (with
+            # its batches loaded ahead and its sampler's pass: 133 MiB on the bench's memory
+            # workload) for the loader's life, though each epoch gets a fresh one.
+            self._resolve_backend()
+        return super().__iter__()
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning about more worker processes than cores (threads are exempt, as are
@@ -289,8 +288,6 @@ class DataLoader(tud.DataLoader):
             super().check_worker_number_rationality()
 
     def _get_iterator(self) -> Any:
-        if self.num_workers > 0 and self._resolved_backend == "auto":
-            self._resolve_backend()
         if self.num_workers == 0:
             from stoker._inline import InlineIterator
 
