@@ -88,6 +88,10 @@ class ReplyMixin:
             return
         if kind == "D":
             self._slots.forget(msg[6])
+            # A batch in a slot its worker just created paid for the slot (file, mapping, the
+            # first touch of every page: 40-65 ms for the bench's 40-MB large batches), a
+            # one-off cost, not the spread the prefetch depth is sized to absorb.
+            fresh_slot = msg[5] is not None and msg[5] not in self._slots
             if msg[5] is not None and epoch == self._epoch:
                 # Map the slot now: its worker may leave (and its file go) before delivery.
                 msg = (*msg, self._slots.open(msg[5]))
@@ -98,7 +102,8 @@ class ReplyMixin:
             for worker, seconds in work:
                 self._worker_busy[worker] += seconds
             if self._scaler is not None:
-                self._scaler.record_latency(sum(seconds for _, seconds in work))
+                if not fresh_slot:
+                    self._scaler.record_latency(sum(seconds for _, seconds in work))
                 for span in spans:
                     self._scaler.record_blocked(*span)
         if epoch != self._epoch or idx not in self._book.pending():

@@ -800,3 +800,40 @@ def test_a_slow_start_on_busy_cores_never_starts_the_deferred_workers(monkeypatc
     assert len(pool.processes) <= cores + 1, it._notes  # CPU work: no idle cores to fill
     del it
     gc.collect()
+
+
+class _Wide(tud.Dataset):
+    """Samples of 256 KiB: every batch travels in a shared-memory slot."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((65_536,), float(i))
+
+
+def test_batches_in_freshly_created_slots_do_not_size_the_prefetch_depth(monkeypatch):
+    """A batch its worker collated into a slot it had just created paid for the slot (a file,
+    a mapping, the first touch of each page): a one-off cost that must not pass for the
+    latency spread the prefetch depth absorbs. Every other batch's latency is recorded."""
+    import stoker
+    from stoker import _scaling
+
+    recorded: list[float] = []
+    monkeypatch.setattr(_scaling.AutoScaler, "record_latency", lambda self, s: recorded.append(s))
+    loader = stoker.DataLoader(_Wide(), batch_size=2, num_workers="auto", backend="process")
+    it = iter(loader)
+    try:
+        assert it._scaler is not None
+        delivered = 0
+        for batch in it:
+            assert batch[:, 0].tolist() == [2.0 * delivered, 2.0 * delivered + 1]
+            delivered += 1
+            del batch
+        created = len(it._slots)
+        assert delivered == 24 and 0 < created < delivered
+        assert len(recorded) == delivered - created
+    finally:
+        it._shutdown()
+        del it
+        gc.collect()
