@@ -575,3 +575,34 @@ def test_start_up_ends_at_the_first_delivery_and_the_first_measured_interval_is_
     assert len(seen) == 1
     step(1.5 + first + interval, 5)
     assert len(seen) == 2 and seen[1].wall_s == pytest.approx(interval)
+
+
+def test_a_prior_share_of_zero_spares_saturated_cores_the_probing_trial():
+    """The backend probe measured loading that never blocks: on saturated cores one more
+    worker could only queue for them, so none is tried (without the prior, one is, and taken
+    back once judged)."""
+    pipe = OversubscribedPipeline(best=2, cores=2)
+    assert 3 in _drive(Controller(start=2, max_workers=16), pipe, 20)
+    ctrl = Controller(start=2, max_workers=16)
+    ctrl.assume_blocked(0.0)
+    assert _drive(ctrl, pipe, 20) == [2] * 20 and ctrl.history == []
+
+
+def test_a_prior_share_grows_the_pool_to_its_need_before_any_span_is_sampled():
+    blocked = 0.6
+    need = workers_to_fill(2, blocked)
+    pipe = BlockingPipeline(blocked, sampled=False)
+    ctrl = Controller(start=2, max_workers=16)
+    ctrl.assume_blocked(blocked)
+    history = _drive(ctrl, pipe, 10)
+    assert history[-1] == need and history == sorted(history), history
+    assert "blocked 60%" in ctrl.history[0].reason
+
+
+def test_measured_spans_outweigh_the_prior_share():
+    # The probe saw waits the workers do not have (the storage was cold then): measured spans
+    # take over, and the pool comes back to the cores.
+    ctrl = Controller(start=8, max_workers=16)
+    ctrl.assume_blocked(0.6)
+    history = _drive(ctrl, BlockingPipeline(0.0), 30)
+    assert history[-1] == 2, history

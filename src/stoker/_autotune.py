@@ -68,6 +68,10 @@ FILL_TARGET = 0.97
 # spans of worker batches (decayed alike) it needs before the controller acts on it.
 BLOCKED_DECAY = 0.9
 BLOCKED_MIN_SPANS = 4
+# Seconds each span of a prior share (see Controller.assume_blocked) stands for: as long as a
+# span a worker samples (stoker.workers._loop.BLOCKED_SPAN_S), so measured spans outweigh it
+# within a few intervals.
+PRIOR_SPAN_S = 0.05
 # A blocked share that rose by more than this over a growth trial came from contention.
 SHARE_RISE = 0.1
 # Intervals after a change (or the start) left out of the rate at the new count: workers that
@@ -447,6 +451,16 @@ class Controller:
             return None, 0.0
         share = blocked / (blocked + running)
         return workers_to_fill(self._loading_cores(obs.cores), share, cap=self.max_workers), share
+
+    def assume_blocked(self, share: float) -> None:
+        """Start from a blocked share measured before any worker ran (the backend probe's
+        serial pass), worth :data:`BLOCKED_MIN_SPANS` spans of :data:`PRIOR_SPAN_S`: the
+        controller acts on it from the first interval (with it, saturated cores and workers
+        that do not block call for no trial of one more worker), and measured spans take
+        over as it decays."""
+        share = min(max(share, 0.0), 1.0)
+        seconds = BLOCKED_MIN_SPANS * PRIOR_SPAN_S
+        self._blocked = (share * seconds, (1.0 - share) * seconds, float(BLOCKED_MIN_SPANS))
 
     def take_over(self, other: Controller, at_least: int = 1) -> int:
         """Start from what ``other`` (the controller of a pool this one replaces) measured of

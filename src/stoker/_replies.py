@@ -90,7 +90,8 @@ class ReplyMixin:
             self._slots.forget(msg[6])
             # A batch in a slot its worker just created paid for the slot (file, mapping, the
             # first touch of every page: 40-65 ms for the bench's 40-MB large batches), a
-            # one-off cost, not the spread the prefetch depth is sized to absorb.
+            # one-off cost: neither the spread the prefetch depth is sized to absorb nor
+            # blocking that more workers would cover (the spans that came with it).
             fresh_slot = msg[5] is not None and msg[5] not in self._slots
             if msg[5] is not None and epoch == self._epoch:
                 # Map the slot now: its worker may leave (and its file go) before delivery.
@@ -104,8 +105,8 @@ class ReplyMixin:
             if self._scaler is not None:
                 if not fresh_slot:
                     self._scaler.record_latency(sum(seconds for _, seconds in work))
-                for span in spans:
-                    self._scaler.record_blocked(*span)
+                    for span in spans:
+                        self._scaler.record_blocked(*span)
         if epoch != self._epoch or idx not in self._book.pending():
             self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
             return

@@ -196,6 +196,9 @@ class DataLoader(tud.DataLoader):
         # to threads once the training loop leaves the GIL free (stoker._switch).
         self._threads_wanted = False
         self._inline_ahead = False  # the probe chose the main process (see stoker._inline)
+        # The share of loading time the probe's serial pass spent waiting (None: not probed):
+        # the num_workers="auto" controller starts from it (Controller.assume_blocked).
+        self._probed_wait_share: float | None = None
         policy = FailurePolicy(on_error, max_failures)
         if (
             not isinstance(max_worker_restarts, int)
@@ -321,6 +324,8 @@ class DataLoader(tud.DataLoader):
             detail=detail,
         )
         self._backend_notes.append(f"backend={backend}: {why}")
+        share = detail.get("wait_share")
+        self._probed_wait_share = float(share) if isinstance(share, (int, float)) else None
         if backend == "thread" and detail.get("waits") and self._auto_workers:
             # Threads cover waits no better than processes, and far worse while the training
             # loop runs Python (it holds the GIL they need after every wait): processes first,
