@@ -148,9 +148,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 self._backend, n, self._prefetch, loader._auto_prefetch
             )
             capacity = self._scaler.controller.max_workers
-            share = getattr(loader, "_probed_wait_share", None)
-            if share is not None:  # what the probe measured, until the workers' spans tell
-                self._scaler.controller.assume_blocked(share)
+            if loader._probed_wait_share is not None:  # until the workers' spans tell
+                self._scaler.controller.assume_blocked(loader._probed_wait_share)
             if self._watching(loader):
                 # The loading waits (the probe saw it), and the pool stays at the watch's
                 # size until it is decided: no slow start, that many now.
