@@ -84,6 +84,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._restarts_left: int = loader.max_worker_restarts
         self._restarts = 0
         self._epoch = -1
+        self._generation = 0  # epochs begun (see stoker._epoch_handle)
+        self._let_go_tasks: list[tuple[Any, ...]] = []  # taken back by let_go()
         self._epoch_seed: int = int(self._base_seed)
         self._iter_epoch = 0  # epochs this iterator started before the current one
         self._state: EpochState | None = None
@@ -201,6 +203,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         if pool is None or pool.closed:
             return
         self._handback = {}  # tasks of the last epoch taken back for a handover
+        self._generation += 1
+        self._let_go_tasks = []  # the last epoch's, taken back when the loop let go of it
         if self._book.outstanding:
             # The last epoch was abandoned (early `break`): forget what it left behind.
             if not self._iterable:
@@ -330,6 +334,39 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             else:
                 pool.send_ctrl(worker, msg)
 
+    def let_go(self, generation: int) -> None:
+        """The loop dropped its handle on epoch ``generation`` (see stoker._epoch_handle):
+        if that epoch is still being loaded, take back the tasks no worker has started, so
+        that the workers go idle instead of loading batches nobody will ask for.
+
+        Only map-style tasks on the shared queue are taken back (an iterable dataset's tasks
+        go to one worker each, and its streams must not skip), and not during a handover to
+        threads (it is taking tasks back itself). The next ``iter()`` forgets them; if the
+        epoch is iterated on instead (through a handle still held), they are dispatched
+        again first.
+        """
+        pool = self._pool
+        if (
+            generation != self._generation
+            or pool is None
+            or pool.closed
+            or self._iterable
+            or self._handover == "drain"
+            or self._book.outstanding == 0
+        ):
+            return
+        self._let_go_tasks.extend(pool.drain_tasks())
+        if self._scaler is not None:
+            self._scaler.retiring = 0  # a retire request drained with the tasks is void
+
+    def _redispatch_let_go(self) -> None:
+        pool = self._pool
+        tasks, self._let_go_tasks = self._let_go_tasks, []
+        if pool is None or pool.closed:
+            return
+        for msg in sorted(tasks, key=lambda m: m[2]):  # by batch index, as first dispatched
+            pool.put_task(msg)
+
     # -- receiving -----------------------------------------------------------------------
 
     def _next_data(self) -> Any:
@@ -340,6 +377,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
     def _next_host(self) -> tuple[int, Any]:
         t0 = time.perf_counter()
         book = self._book
+        if self._let_go_tasks:  # the epoch goes on after all: the workers get them back
+            self._redispatch_let_go()
         while True:
             if self._handover == "drain" and self._drained():
                 self._hand_over()  # the processes hold no batch: threads take over

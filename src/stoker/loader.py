@@ -280,7 +280,14 @@ class DataLoader(tud.DataLoader):
             # its batches loaded ahead and its sampler's pass: 133 MiB on the bench's memory
             # workload) for the loader's life, though each epoch gets a fresh one.
             self._resolve_backend()
-        return super().__iter__()
+        iterator = super().__iter__()
+        if iterator is self._iterator and self.num_workers > 0:
+            # The persistent iterator, kept for the loader's life: the loop gets a handle on
+            # this epoch, and dropping it early lets the workers go idle (stoker._epoch_handle).
+            from stoker._epoch_handle import EpochHandle
+
+            return EpochHandle(iterator)
+        return iterator
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning about more worker processes than cores (threads are exempt, as are

@@ -736,6 +736,103 @@ def test_a_batch_of_an_abandoned_epoch_is_given_up_at_its_next_sample(
     gc.collect()
 
 
+class _SlowLog(tud.Dataset):
+    """Logs every index it loads (a file: worker processes too), each after ``delay`` s."""
+
+    def __init__(self, log: str, n: int, delay: float) -> None:
+        self.log, self.n, self.delay = log, n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.delay)
+        with open(self.log, "a") as f:
+            f.write(f"{i}\n")
+        return i
+
+
+# How long the log of loaded samples must stay unchanged for the workers to count as idle.
+QUIET_S = 0.3
+
+
+def _loaded_when_quiet(log: Path) -> list[int]:
+    """The indices logged once the log stopped growing for QUIET_S (10 s at most)."""
+    last, since, deadline = None, time.monotonic(), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if text != last:
+            last, since = text, time.monotonic()
+        elif time.monotonic() - since >= QUIET_S:
+            break
+        time.sleep(0.01)
+    return [int(x) for x in (last or "").split()]
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_a_loop_that_breaks_lets_the_persistent_workers_go_idle(
+    backend: str, tmp_path: Path
+) -> None:
+    """torch's persistent workers load every prefetched batch of an abandoned epoch (CPU
+    that the loop wanted for what it does after the `break`); stoker's finish the batch each
+    is on and stop. The next epoch, and a resume from where the loop left, are whole."""
+    workers, batch, prefetch = 2, 2, 8
+    log = tmp_path / "log"
+    loader = stoker.DataLoader(
+        _SlowLog(str(log), 64, delay=0.01),
+        batch_size=batch,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        backend=backend,
+    )
+    for b in loader:
+        assert b.tolist() == [0, 1]
+        break  # 16 batches were asked for; the workers were on at most one each
+    at_break = len(log.read_text().split())
+    state = loader.state_dict()
+    loaded = _loaded_when_quiet(log)
+    assert len(loaded) - at_break <= workers * batch, (at_break, loaded)
+    assert len(loaded) < prefetch * workers * batch // 2, loaded
+    # The next epoch is whole and in order.
+    assert [b.tolist() for b in loader] == [[i, i + 1] for i in range(0, 64, 2)]
+    # A resume from the break delivers the rest of that epoch.
+    resumed = stoker.DataLoader(
+        _SlowLog(str(tmp_path / "log2"), 64, delay=0.0),
+        batch_size=batch,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        backend=backend,
+    )
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [[i, i + 1] for i in range(2, 64, 2)]
+    del loader, resumed
+    gc.collect()
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_an_epoch_let_go_and_then_iterated_on_is_whole(backend: str) -> None:
+    """The handle on an epoch forwards to the persistent iterator; if the iterator let go
+    of the epoch (its tasks taken back) and the epoch is then iterated on after all, the
+    tasks go out again and nothing is lost or reordered."""
+    loader = _loader(RangeDataset(40), batch_size=2, backend=backend, prefetch_factor=4)
+    it = iter(loader)
+    assert iter(it) is it and len(it) == 20
+    assert next(it).tolist() == [0, 1]
+    inner = loader._iterator
+    assert it._pool is inner._pool  # other attributes are the iterator's
+    inner.let_go(inner._generation)
+    assert [b.tolist() for b in it] == [[i, i + 1] for i in range(2, 40, 2)]
+    # A handle of an earlier epoch that is dropped leaves the current epoch alone.
+    old = iter(loader)
+    new = iter(loader)
+    assert next(new).tolist() == [0, 1]
+    del old
+    assert inner._let_go_tasks == []
+    assert [b.tolist() for b in new] == [[i, i + 1] for i in range(2, 40, 2)]
+    del it, new, loader, inner
+    gc.collect()
+
+
 class _Napping(tud.Dataset):
     def __len__(self) -> int:
         return 200
