@@ -577,6 +577,47 @@ def test_start_up_ends_at_the_first_delivery_and_the_first_measured_interval_is_
     assert len(seen) == 2 and seen[1].wall_s == pytest.approx(interval)
 
 
+def test_a_new_epoch_is_measured_from_its_first_delivery(monkeypatch):
+    """The wait for a new epoch's first batch (its pipeline is empty) and a pause before it
+    are not measured: the next observation starts at the epoch's first delivery."""
+    from types import SimpleNamespace
+
+    from stoker import _scaling
+
+    clock = [0.0]
+    monkeypatch.setattr(_scaling, "_clock", lambda: clock[0])
+    seen: list[Observation] = []
+
+    class Recorder:
+        def observe(self, obs: Observation) -> None:
+            seen.append(obs)
+
+    scaler = _scaling.AutoScaler(Recorder(), "thread")  # type: ignore[arg-type]
+    pool = SimpleNamespace(active=[0])
+    waited = [0.0]
+
+    def step(t: float, delivered: int, wait: float = 0.0) -> None:
+        clock[0] = t
+        waited[0] += wait
+        scaler.step(
+            pool, wait_s=waited[0], busy_s=0.0, delivered=delivered, on_added=lambda i: None
+        )
+
+    interval = _scaling.CONTROL_INTERVAL_S + 1e-9
+    step(0.0, 1)  # start-up over
+    step(interval, 5)
+    step(2 * interval, 9)
+    assert len(seen) == 2
+    scaler.new_epoch()  # the loop paused 10 s, then the new epoch's first batch took 0.2 s
+    waited[0] = 0.0  # (the iterator's wait counts from the epoch's start)
+    step(2 * interval + 10.2, 1, wait=0.2)
+    assert len(seen) == 2  # the first delivery only starts the measurement again
+    step(3 * interval + 10.2, 5)
+    assert len(seen) == 3
+    assert seen[2].wall_s == pytest.approx(interval) and seen[2].wait_s == 0.0
+    assert seen[2].batches == 4
+
+
 def test_a_prior_share_of_zero_spares_saturated_cores_the_probing_trial():
     """The backend probe measured loading that never blocks: on saturated cores one more
     worker could only queue for them, so none is tried (without the prior, one is, and taken

@@ -250,6 +250,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 self._state.worker_states.update(jump_states)
         if self._scaler is not None:
             self._scaler.retiring = 0  # a retire request drained with the old tasks is void
+            if not first_iter:
+                self._scaler.new_epoch()
         self._sampler_done = False
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
