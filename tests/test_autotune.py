@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -538,13 +539,9 @@ def test_a_controller_that_takes_over_a_pool_starts_from_its_measured_share():
     assert Controller(start=4, max_workers=32).take_over(Controller(start=4, max_workers=4)) == 4
 
 
-def test_start_up_ends_at_the_first_delivery_and_the_first_measured_interval_is_short(
-    monkeypatch,
-):
-    """The scaler's schedule, on a hand-driven clock: nothing is measured until a batch was
-    delivered; the first interval measured from there is short; the next ones are whole."""
-    from types import SimpleNamespace
-
+def _hand_clocked_scaler(monkeypatch) -> tuple[Any, list[float], list[Observation]]:
+    """An AutoScaler of a one-thread pool on a hand-driven clock, whose controller records
+    what it observes: ``(scaler, clock, observations)``."""
     from stoker import _scaling
 
     clock = [0.0]
@@ -555,7 +552,19 @@ def test_start_up_ends_at_the_first_delivery_and_the_first_measured_interval_is_
         def observe(self, obs: Observation) -> None:
             seen.append(obs)
 
-    scaler = _scaling.AutoScaler(Recorder(), "thread")  # type: ignore[arg-type]
+    return _scaling.AutoScaler(Recorder(), "thread"), clock, seen  # type: ignore[arg-type]
+
+
+def test_start_up_ends_at_the_first_delivery_and_the_first_measured_interval_is_short(
+    monkeypatch,
+):
+    """The scaler's schedule, on a hand-driven clock: nothing is measured until a batch was
+    delivered; the first interval measured from there is short; the next ones are whole."""
+    from types import SimpleNamespace
+
+    from stoker import _scaling
+
+    scaler, clock, seen = _hand_clocked_scaler(monkeypatch)
     pool = SimpleNamespace(active=[0])
 
     def step(t: float, delivered: int) -> None:
@@ -584,15 +593,7 @@ def test_a_new_epoch_is_measured_from_its_first_delivery(monkeypatch):
 
     from stoker import _scaling
 
-    clock = [0.0]
-    monkeypatch.setattr(_scaling, "_clock", lambda: clock[0])
-    seen: list[Observation] = []
-
-    class Recorder:
-        def observe(self, obs: Observation) -> None:
-            seen.append(obs)
-
-    scaler = _scaling.AutoScaler(Recorder(), "thread")  # type: ignore[arg-type]
+    scaler, clock, seen = _hand_clocked_scaler(monkeypatch)
     pool = SimpleNamespace(active=[0])
     waited = [0.0]
 
