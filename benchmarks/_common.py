@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import time
+import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from stoker.bench._workloads import consume
+from stoker.bench._workloads import Workload, consume, get_workload
 
 
 def endless_sampler(dataset: Any) -> torch.utils.data.RandomSampler:
@@ -18,11 +20,17 @@ def endless_sampler(dataset: Any) -> torch.utils.data.RandomSampler:
     )
 
 
-def rate(make: Callable[[], Iterable[Any]], seconds: float, warmup: int = 4) -> float:
-    """Samples per second of the iterable ``make()`` builds, after ``warmup`` batches."""
+def rate(
+    make: Callable[[], Iterable[Any]], seconds: float, warmup: int = 4, settle: float = 0.0
+) -> float:
+    """Samples per second of the iterable ``make()`` builds, after ``warmup`` batches and
+    at least ``settle`` seconds."""
     loader = make()
     it = iter(loader)
+    end = time.perf_counter() + settle
     for _ in range(warmup):
+        consume(next(it))
+    while time.perf_counter() < end:
         consume(next(it))
     samples = 0
     t0 = time.perf_counter()
@@ -31,3 +39,72 @@ def rate(make: Callable[[], Iterable[Any]], seconds: float, warmup: int = 4) -> 
     result = samples / (time.perf_counter() - t0)
     del it, loader
     return result
+
+
+def contenders_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser for ``WORKLOAD CONTENDER...`` (the script's docstring's first line as its
+    description); add the script's own options to it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("workload")
+    parser.add_argument("contenders", nargs="+")
+    return parser
+
+
+def open_workload(name: str) -> tuple[Workload, Any]:
+    """The bench workload called ``name`` and its dataset (torch's warning about more worker
+    processes than cores silenced: the scripts compare such configurations on purpose)."""
+    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    workload = get_workload(name)
+    return workload, workload.make_dataset(False)
+
+
+def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
+    """A loader named on a script's command line.
+
+    ``auto``: stoker, ``num_workers="auto"`` and ``prefetch_factor="auto"``; ``torchN`` or
+    ``torchN:P``: torch's DataLoader, N workers (persistent), ``prefetch_factor`` P (default
+    2); ``stokerN``: stoker, N workers; ``process:N`` or ``thread:N``: stoker, N workers of
+    that backend.
+    """
+    import stoker
+
+    if kind == "auto":
+        return stoker.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers="auto",
+            prefetch_factor="auto",
+        )
+    try:
+        if kind.startswith("torch"):
+            workers, _, prefetch = kind[len("torch") :].partition(":")
+            if int(workers) == 0:
+                return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+            return torch.utils.data.DataLoader(
+                dataset,
+                batch_size=batch_size,
+                sampler=sampler,
+                num_workers=int(workers),
+                prefetch_factor=int(prefetch or 2),
+                persistent_workers=True,
+            )
+        if kind.startswith("stoker"):
+            workers = kind[len("stoker") :]
+            return stoker.DataLoader(
+                dataset, batch_size=batch_size, sampler=sampler, num_workers=int(workers)
+            )
+        backend, _, workers = kind.partition(":")
+        if backend in ("process", "thread"):
+            return stoker.DataLoader(
+                dataset,
+                batch_size=batch_size,
+                sampler=sampler,
+                num_workers=int(workers),
+                backend=cast(Any, backend),  # checked just above
+            )
+    except ValueError:
+        pass
+    raise SystemExit(
+        f"unknown contender {kind!r}: auto, torchN[:P], stokerN, process:N or thread:N"
+    )

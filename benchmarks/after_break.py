@@ -5,54 +5,22 @@ and then does something else leaves persistent workers with the epoch's prefetch
 For each contender, a fresh loader runs ``--epochs`` epochs of ``--seconds`` seconds each on a
 bench workload; after each ``break`` the script sleeps ``--idle`` seconds (the loop's "other
 work") and prints the CPU seconds the process tree used meanwhile (what the workers took from
-that other work). Contenders:
+that other work). Contenders: ``auto``, ``torchN[:P]``, ``stokerN``, ``process:N``,
+``thread:N`` (see ``_common.contender``).
 
-* ``torch``: torch's DataLoader, ``--torch-nw`` workers, ``prefetch_factor=4``, persistent;
-* ``auto``: stoker, ``num_workers="auto"``;
-* ``BACKEND:N``: stoker with ``backend=BACKEND`` and N workers (``process:2``, ``thread:4``).
-
-Run: ``python benchmarks/after_break.py heavytail torch auto process:2 thread:4``
+Run: ``python benchmarks/after_break.py heavytail torch4:4 auto process:2 thread:4``
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import time
-import warnings
-from typing import Any
 
 import psutil
-import torch.utils.data as tud
+from _common import contender, contenders_parser, open_workload
 
-import stoker
 from stoker.bench._plan import SeededSampler
-from stoker.bench._workloads import consume, get_workload
-
-
-def _loader(kind: str, dataset: Any, batch_size: int, torch_nw: int) -> Any:
-    sampler = SeededSampler(len(dataset), 20_000, 1, 20_000)
-    if kind == "torch":
-        return tud.DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=torch_nw,
-            prefetch_factor=4,
-            persistent_workers=True,
-        )
-    if kind == "auto":
-        return stoker.DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers="auto",
-            prefetch_factor="auto",
-        )
-    backend, _, workers = kind.partition(":")
-    return stoker.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=int(workers), backend=backend
-    )
+from stoker.bench._workloads import consume
 
 
 def _tree_cpu_s() -> float:
@@ -67,19 +35,15 @@ def _tree_cpu_s() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload")
-    parser.add_argument("contenders", nargs="+")
+    parser = contenders_parser(__doc__)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--idle", type=float, default=1.5)
-    parser.add_argument("--torch-nw", type=int, default=4)
     args = parser.parse_args()
-    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-    workload = get_workload(args.workload)
-    dataset = workload.make_dataset(False)
+    workload, dataset = open_workload(args.workload)
     for kind in args.contenders:
-        loader = _loader(kind, dataset, workload.batch_size, args.torch_nw)
+        sampler = SeededSampler(len(dataset), 20_000, 1, 20_000)
+        loader = contender(kind, dataset, workload.batch_size, sampler)
         burnt = []
         for _ in range(args.epochs):
             t0 = time.perf_counter()
