@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -122,6 +123,48 @@ def test_fixed_size_runs_and_epochs_mode() -> None:
     for c in epochs.contenders:
         for r in c.runs:
             assert r.samples == 2 * 64 and len(r.epoch_first_batch_s) == 2
+
+
+class SlowStart(Dataset[torch.Tensor]):
+    """Each of the first ``slow`` loads sleeps ``delay``; it counts every load (in-process)."""
+
+    def __init__(self, slow: int, delay: float) -> None:
+        self.slow, self.delay, self.loads = slow, delay, 0
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        self.loads += 1
+        if self.loads <= self.slow:
+            time.sleep(self.delay)
+        return torch.tensor([idx])
+
+
+def test_a_timed_run_leaves_the_epochs_fill_untimed_and_its_first_batch_latency_in() -> None:
+    """The first plan.fill_s seconds of the timed epoch (its pipeline filling) are loaded but
+    neither timed nor counted; the first batch's latency is still measured from iter()."""
+    from stoker.bench._contenders import ContenderSpec
+    from stoker.bench._harness import _timed_run
+
+    bs, delay = 8, 0.01
+    # Warm-up: one batch (torch, no workers); then the timed epoch's first batch is slow.
+    dataset = SlowStart(slow=2 * bs, delay=delay)
+    plan = _tiny_plan(fill_s=0.5, run_s=0.05)
+    ideal = Ideal(cores=2, cpu_s_per_sample=2e-5, wall_s_per_sample=2e-5, samples=1)
+    sample = _timed_run(
+        ContenderSpec("torch", 0),
+        dataset,
+        _workload(batch_size=bs),
+        plan,
+        seed=1,
+        run_s=plan.run_s,
+        ideal=ideal,
+    )
+    assert sample.first_batch_s >= bs * delay  # from iter(), through the slow first batch
+    # Loaded: the warm-up batch, the fill (at least the slow batch), then the timed run.
+    assert dataset.loads >= bs + bs + sample.samples + bs
+    assert sample.seconds < plan.fill_s  # the fill's 0.5 s are not in the timed seconds
 
 
 def test_a_dataset_that_cannot_be_built_is_reported_not_raised() -> None:

@@ -115,7 +115,10 @@ def _wait_children_exit(baseline: set[int]) -> None:
 def _iterate(
     loader: Iterable[Any], *, min_batches: int, seconds: float | None, t0: float
 ) -> tuple[int, int, float, float]:
-    """Consume batches; return (samples, batches, first_batch_s, seconds to the last one)."""
+    """Consume batches; return (samples, batches, first_batch_s, seconds to the last one).
+
+    ``loader`` may be an epoch's iterator: the iteration then goes on where it stands.
+    """
     samples = batches = 0
     first = last = 0.0
     it = iter(loader)
@@ -150,13 +153,17 @@ def _timed_run(
     The warm-up (``steady`` mode) is a complete short pass of one batch per worker, so that
     every worker has started and no warm-up work is still in flight when the timed pass
     starts. A time-bounded run lasts ``run_s`` and at least ``rounds`` batches per worker
-    (whole rounds, so that the last round is not half empty).
+    (whole rounds, so that the last round is not half empty), timed after the epoch's first
+    ``plan.fill_s`` seconds (the pipeline's fill; the first batch's latency is measured from
+    ``iter()``).
     """
     baseline = TreeMeter.children_now()
     steady = workload.mode == "steady"
     bs = workload.batch_size
     if steady:
-        samples = max(8 * bs, int(ideal.samples_per_s * run_s * RUN_SAMPLES_HEADROOM))
+        samples = max(
+            8 * bs, int(ideal.samples_per_s * (run_s + plan.fill_s) * RUN_SAMPLES_HEADROOM)
+        )
         first_pass = bs * max(1, spec.num_workers)
         if spec.auto:  # warm up by time: the controller settles
             first_pass = max(
@@ -179,20 +186,28 @@ def _timed_run(
         epochs = workload.epochs if workload.mode == "epochs" else 1
         firsts: list[float] = []
         samples = batches = 0
+        source: Iterable[Any] = loader
+        filled: float | None = None
+        if steady and time_bound is not None and plan.fill_s > 0:
+            # The epoch starts untimed: the pipeline fills (see Plan.fill_s).
+            start = time.perf_counter()
+            source = iter(loader)
+            filled = _iterate(source, min_batches=1, seconds=plan.fill_s, t0=start)[2]
         own0 = _monitor_overhead(loader)
         with Meter(baseline) as meter:
             t0 = time.perf_counter()
             for _ in range(epochs):
                 start = time.perf_counter()
                 s, b, first, _ = _iterate(
-                    loader,
+                    source,
                     min_batches=min_batches,
                     seconds=None if workload.mode == "epochs" else time_bound,
                     t0=start,
                 )
                 samples, batches = samples + s, batches + b
-                firsts.append(first)
+                firsts.append(first if filled is None else filled)
             seconds = time.perf_counter() - t0
+        del source
         own1 = _monitor_overhead(loader)
     finally:
         close_loader(loader)

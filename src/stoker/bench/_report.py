@@ -272,10 +272,16 @@ def render(result: BenchResult, console: Any = None) -> None:
         "CPU s/1k: CPU seconds of main + workers per 1,000 samples.",
         style="dim",
     )
+    fill = m.get("fill_s")
+    timed = (
+        f"each timed run starts an epoch and is timed after its first {fill:g} s, while the "
+        "pipeline fills (1st batch ms is from iter()); "
+        if isinstance(fill, (int, float)) and fill > 0
+        else ""
+    )
     out.print(
-        "± is half the range of the repeats; torch configurations with workers use "
-        "persistent_workers=True unless marked fresh; PSS is main process + workers "
-        "(peak).",
+        f"± is half the range of the repeats; {timed}torch configurations with workers use "
+        "persistent_workers=True unless marked fresh; PSS is main process + workers (peak).",
         style="dim",
     )
     out.print(f"[bold]total time[/]: {result.duration_s:.0f} s")
