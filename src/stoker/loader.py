@@ -281,7 +281,7 @@ class DataLoader(tud.DataLoader):
             # workload) for the loader's life, though each epoch gets a fresh one.
             self._resolve_backend()
         iterator = super().__iter__()
-        if iterator is self._iterator and self.num_workers > 0:
+        if iterator is self._iterator:  # (torch keeps it only for persistent workers)
             # The persistent iterator, kept for the loader's life: the loop gets a handle on
             # this epoch, and dropping it early lets the workers go idle (stoker._epoch_handle).
             from stoker._epoch_handle import EpochHandle

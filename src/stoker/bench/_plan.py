@@ -55,8 +55,10 @@ class Plan:
         fill_s: seconds at the start of each time-bounded run's epoch that are not timed:
             the loader fills its empty pipeline then (how soon it delivers shows in the first
             batch's latency). A training epoch lasts minutes, where the fill hardly counts;
-            timed from ``iter()``, a 3 s run counted it 14 times too much for torch with 8
-            workers on 2 cores (first batch 0.43 s, all 8 workers finishing together).
+            in a 3 s run timed from ``iter()`` it weighs about 100 times more. Measured on
+            the bench's heavytail, 2 cores: torch with 8 workers (first batch 0.43 s, all 8
+            finishing together) read 1,180 samples/s timed from ``iter()`` and 1,451 with
+            ``fill_s=0.5`` (full benches, 5 repeats).
     """
 
     repeats: int
