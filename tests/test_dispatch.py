@@ -24,23 +24,34 @@ def schedules(draw):
     return n, window, skips, seed
 
 
-def _run(book: TaskBook, n: int, window: int, skips: set[int], rnd) -> list[int]:
-    """Issue tasks up to the window, answer a random in-flight one, drain; return deliveries."""
+def _run(
+    book: TaskBook, n: int, window: int, skips: set[int], rnd, seen: list[int] | None = None
+) -> list[int]:
+    """Issue tasks up to the window, answer a random in-flight one, drain; return deliveries.
+
+    Odd skipped tasks carry a note; ``seen`` gets every task delivery passed (noted skips from
+    :meth:`TaskBook.passed_notes`, then the delivery) in the order it passed them."""
     delivered: list[int] = []
     inflight: list[int] = []
+    seen = [] if seen is None else seen
     while book.issued < n or inflight or book.outstanding:
         while book.issued < n and book.outstanding < window:
             inflight.append(book.issue(request=book.issued))
         if inflight:
             idx = inflight.pop(rnd.randrange(len(inflight)))
             if idx in skips:
-                book.skip(idx)
+                book.skip(idx, ("note", idx) if idx % 2 else None)
             else:
                 book.complete(idx, ("reply", idx))
-        while (got := book.pop()) is not None:
+        while True:
+            got = book.pop()
+            seen.extend(note[1] for note in book.passed_notes())
+            if got is None:
+                break
             idx, reply = got
             assert reply == ("reply", idx)
             delivered.append(idx)
+            seen.append(idx)
     return delivered
 
 
@@ -49,9 +60,12 @@ def _run(book: TaskBook, n: int, window: int, skips: set[int], rnd) -> list[int]
 def test_in_order_delivers_every_task_once_in_index_order(schedule):
     n, window, skips, rnd = schedule
     book: TaskBook = TaskBook(in_order=True)
-    delivered = _run(book, n, window, skips, rnd)
+    seen: list[int] = []
+    delivered = _run(book, n, window, skips, rnd, seen)
     assert delivered == [i for i in range(n) if i not in skips]
     assert book.outstanding == 0 and book.waiting == 0 and book.delivered == len(delivered)
+    # A skipped task's note comes back where the task stands in the order, not on arrival.
+    assert seen == [i for i in range(n) if i not in skips or i % 2]
 
 
 @given(schedules())
@@ -59,8 +73,10 @@ def test_in_order_delivers_every_task_once_in_index_order(schedule):
 def test_out_of_order_delivers_every_task_exactly_once(schedule):
     n, window, skips, rnd = schedule
     book: TaskBook = TaskBook(in_order=False)
-    delivered = _run(book, n, window, skips, rnd)
+    seen: list[int] = []
+    delivered = _run(book, n, window, skips, rnd, seen)
     assert sorted(delivered) == [i for i in range(n) if i not in skips]
+    assert sorted(seen) == [i for i in range(n) if i not in skips or i % 2]
     assert book.outstanding == 0
 
 

@@ -19,10 +19,15 @@ R = TypeVar("R")
 
 
 class _Skipped:
-    __slots__ = ()
+    """A task that produced nothing to deliver, with what the caller noted about it."""
+
+    __slots__ = ("note",)
+
+    def __init__(self, note: Any = None) -> None:
+        self.note = note
 
     def __repr__(self) -> str:
-        return "SKIPPED"
+        return "SKIPPED" if self.note is None else f"SKIPPED({self.note!r})"
 
 
 SKIPPED: Any = _Skipped()
@@ -49,6 +54,7 @@ class TaskBook(Generic[R]):
         self._pending: dict[int, Hashable | Any] = {}  # task index -> what was asked
         self._ready: dict[int, Any] = {}  # task index -> reply
         self._skipped = 0  # SKIPPED markers in _ready
+        self._notes: list[Any] = []  # notes of skipped tasks the delivery order has passed
 
     @property
     def outstanding(self) -> int:
@@ -62,7 +68,7 @@ class TaskBook(Generic[R]):
 
     def replies(self) -> list[R]:
         """Replies received and not delivered (to release what they hold when abandoned)."""
-        return [r for r in self._ready.values() if r is not SKIPPED]
+        return [r for r in self._ready.values() if not isinstance(r, _Skipped)]
 
     def issue(self, request: Any = None) -> int:
         """Record a new task; returns its index."""
@@ -89,11 +95,21 @@ class TaskBook(Generic[R]):
         self._ready[idx] = reply
         return request
 
-    def skip(self, idx: int) -> Any:
-        """Task ``idx`` produced nothing (an exhausted iterable worker)."""
-        request = self.complete(idx, SKIPPED)
+    def skip(self, idx: int, note: Any = None) -> Any:
+        """Task ``idx`` produced nothing to deliver (an exhausted iterable worker, a batch whose
+        samples all failed). A ``note`` (not None) comes back from :meth:`passed_notes` once
+        the delivery order passes the task, so that what happened to a skipped task is seen
+        in task order, like the replies around it."""
+        marker: Any = SKIPPED if note is None else _Skipped(note)
+        request = self.complete(idx, marker)
         self._skipped += 1
         return request
+
+    def passed_notes(self) -> list[Any]:
+        """The notes of skipped tasks that :meth:`pop` passed since the last call, in the
+        order passed."""
+        notes, self._notes = self._notes, []
+        return notes
 
     def pop(self) -> tuple[int, R] | None:
         """The next reply to deliver as ``(task index, reply)``, or None if it has not come."""
@@ -111,8 +127,10 @@ class TaskBook(Generic[R]):
             else:
                 idx = next(iter(ready))
                 reply = ready.pop(idx)
-            if reply is SKIPPED:
+            if isinstance(reply, _Skipped):
                 self._skipped -= 1
+                if reply.note is not None:
+                    self._notes.append(reply.note)
                 continue
             self.delivered += 1
             return idx, reply

@@ -386,6 +386,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 self._hand_over()  # the processes hold no batch: threads take over
                 self._fill()
             got = book.pop()
+            self._count_failures(got)
             if got is not None:
                 self._fill()
                 self._wait_s += time.perf_counter() - t0

@@ -13,8 +13,9 @@ A reply is one tuple, its kind first:
 
 Replies of an abandoned epoch, and duplicates after a restart, are discarded and their slots
 released. The rest complete their batch in the task book, which hands batches out (in order
-unless ``in_order=False``). A batch is delivered as views of its slot, and its failures count
-against the loader's ``on_error`` limit.
+unless ``in_order=False``). A batch is delivered as views of its slot. Its failures (and those
+of batches skipped because every sample failed) count against the loader's ``on_error`` limit
+when delivery reaches it, so ``loader.failures`` is in task order whichever worker was first.
 """
 
 from __future__ import annotations
@@ -130,14 +131,28 @@ class ReplyMixin:
             self._book.skip(idx)
             self._fill()
             return
-        if kind == "K":
-            self._record_failures(msg[4], wid)
-            self._book.skip(idx)
+        if kind == "K":  # every sample failed: its failures count when delivery passes it
+            self._book.skip(idx, (msg[4], wid))
             self._fill()
             return
-        if kind == "D" and msg[9]:
-            self._record_failures(msg[9], wid)
         self._book.complete(idx, (msg, self._book.request(idx)))
+
+    def _count_failures(self, got: tuple[int, Any] | None) -> None:
+        """Record the failures of the tasks delivery just passed, in task order: those of
+        skipped batches, then those of the batch ``got`` (if any) is about to deliver. The
+        list and the limit then do not depend on which worker finished first. If the limit is
+        exceeded, the batch is released and not delivered."""
+        try:
+            for failures, wid in self._book.passed_notes():
+                self._record_failures(failures, wid)
+            if got is not None:
+                msg = got[1][0]
+                if msg[0] == "D" and msg[9]:
+                    self._record_failures(msg[9], msg[3])
+        except BaseException:
+            if got is not None:
+                self._discard(got[1][0])
+            raise
 
     def _drop_slots_of(self, pool: Any, worker_id: int) -> None:
         """A retired worker left the slots it had handed over: every one of its headers came

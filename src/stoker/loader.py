@@ -83,7 +83,8 @@ class DataLoader(tud.DataLoader):
             random generators are shared, so augmentations are not reseeded per batch).
         on_error: what a sample that raises does: ``"raise"`` (default, as torch),
             ``"skip"`` (drop it; the batch is smaller) or ``"replace"`` (load another sample
-            instead; batches keep their size). Failures are listed in ``loader.failures``.
+            instead; batches keep their size). Failures are listed in ``loader.failures`` in
+            the order their batches are delivered (whichever worker hit them first).
         max_failures: with ``"skip"``/``"replace"``, how many failures to tolerate: an int
             count, a float fraction of samples seen (checked after 100 samples), or ``None``
             (default) for no limit. Beyond it :class:`stoker.FailureLimitError` is raised.

@@ -93,16 +93,24 @@ class FailingDataset(tud.Dataset[tuple[int, int]]):
     Args:
         n: number of samples.
         bad: indices that always fail.
+        slow: indices that take ``delay`` seconds first (to make a worker finish last).
+        delay: seconds.
     """
 
-    def __init__(self, n: int, bad: Iterable[int]) -> None:
+    def __init__(
+        self, n: int, bad: Iterable[int], slow: Iterable[int] = (), delay: float = 0.0
+    ) -> None:
         self.n = n
         self.bad = frozenset(bad)
+        self.slow = frozenset(slow)
+        self.delay = delay
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[int, int]:
+        if i in self.slow:
+            time.sleep(self.delay)
         if i in self.bad:
             raise SampleError(f"sample {i} is bad")
         return int(i), int(i) * 10

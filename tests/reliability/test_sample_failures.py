@@ -198,6 +198,30 @@ def test_replacements_do_not_depend_on_the_worker_count() -> None:
 # -- max_failures ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_failures_are_in_sample_order_whichever_worker_fails_first(backend: str) -> None:
+    # Batch 0 fails whole (nothing to deliver) and slowly; batch 2 (sample 9) fails at once on
+    # the other worker. The record and the limit must not depend on which came first. The last
+    # batch fails whole too: its failures must count although no delivery comes after it.
+    bad, slow = [0, 1, 2, 3, 9, 30, 36, 37, 38, 39], [0, 1, 2, 3]
+    kwargs: dict[str, Any] = {"backend": backend, "on_error": "skip"}
+    whole = run_case(
+        case_iterate, dataset=FailingDataset(N, bad, slow, 0.1), workers=2, **kwargs
+    ).result
+    assert whole["error"] == {} and [f[0] for f in whole["failures"]] == bad
+    assert _indices(whole) == [i for i in range(N) if i not in bad]
+    over = run_case(
+        case_iterate,
+        dataset=FailingDataset(N, bad, slow, 0.1),
+        workers=2,
+        max_failures=4,
+        **kwargs,
+    ).result
+    assert over["error"]["type"] == "FailureLimitError", over["error"]
+    assert [f[0] for f in over["error"]["listed"]] == [0, 1, 2, 3, 9]
+    assert _indices(over) == [4, 5, 6, 7], "a batch before the fifth failure was lost"
+
+
 @pytest.mark.parametrize("workers", WORKERS)
 def test_failure_count_over_the_limit_raises_one_error_listing_them(workers: int) -> None:
     bad = [2, 9, 30]
