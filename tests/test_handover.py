@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 import stoker
+from _machine import measures_the_machine
 from stoker import _gil, _scaling, _switch
 from stoker._gil import GilMeter
 from stoker._probe import choose_backend
@@ -52,6 +53,7 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 3)
 
 
+@measures_the_machine
 def test_the_probe_says_when_threads_were_chosen_to_cover_waits() -> None:
     detail: dict[str, object] = {}
     backend, _ = choose_backend(Waiting(10_000), default_collate, 8, False, detail=detail)
@@ -61,6 +63,7 @@ def test_the_probe_says_when_threads_were_chosen_to_cover_waits() -> None:
     assert backend == "process" and "waits" not in detail
 
 
+@measures_the_machine
 def test_the_gil_meter_reads_a_free_gil_low_and_a_held_one_high() -> None:
     meter = GilMeter(period_s=0.005, wakeups=5)
     meter.start()
@@ -95,6 +98,7 @@ def test_a_disturbance_takes_out_the_readings_it_touched_and_the_next() -> None:
     assert len(later) > len(kept)  # readings go on after the one skipped
 
 
+@measures_the_machine
 def test_processes_hand_over_to_threads_mid_epoch_without_losing_a_batch(quick: None) -> None:
     # Batches of 16 arrive at a pace a training loop would take them (the main process's own
     # work receiving hundreds of tiny batches a second from processes would read as a busy GIL).
@@ -119,6 +123,7 @@ def test_processes_hand_over_to_threads_mid_epoch_without_losing_a_batch(quick: 
     del loader
 
 
+@measures_the_machine
 def test_a_loop_that_holds_the_gil_keeps_its_processes(quick: None) -> None:
     n = 600
     loader = stoker.DataLoader(Waiting(n), batch_size=8, num_workers="auto")

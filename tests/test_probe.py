@@ -12,6 +12,7 @@ import textwrap
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
+from _machine import measures_the_machine
 from stoker._probe import choose_backend, choose_backend_isolated
 
 
@@ -105,6 +106,7 @@ class Paths(Dataset):
         return sum(map(ord, path[-12:]))
 
 
+@measures_the_machine
 def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
     backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False)
     assert backend == "thread" and "mostly waits" in why
@@ -113,6 +115,7 @@ def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
         assert backend == "process" and "CPU work" in why, (type(ds).__name__, why)
 
 
+@measures_the_machine
 def test_a_heavy_tail_gets_threads_only_when_the_work_runs_in_parallel_in_them():
     # The waits of a few slow samples need more workers than cores: threads, when two of
     # them load nearly twice as fast as one; GIL-bound work needs processes all the same.
@@ -122,6 +125,7 @@ def test_a_heavy_tail_gets_threads_only_when_the_work_runs_in_parallel_in_them()
     assert backend == "process", why
 
 
+@measures_the_machine
 def test_batches_cheaper_than_a_hand_off_load_in_the_main_process_when_allowed():
     backend, why = choose_backend(Cheap(), default_collate, 8, iterable=False)
     assert backend == "inline" and "loads in" in why
