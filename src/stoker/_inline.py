@@ -32,6 +32,7 @@ __all__ = ["GROUP_BATCHES", "GROUP_S", "InlineIterator"]
 GROUP_BATCHES = 64
 GROUP_S = 0.02
 _SKIPPED = object()  # a batch that loaded nothing (on_error="skip"): its failures only
+_END = object()  # the sampler is exhausted
 
 
 class InlineIterator(_torch_dl._BaseDataLoaderIter):
@@ -164,46 +165,66 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         """Load the next batch (the next few, under ``num_workers="auto"``), each seeded from
         its own index, with the caller's random state saved once before and restored once
         after: a save, seed and restore costs about 26 us (95 us with numpy's own
-        get_state/set_state; see CallerRandomState), measured with ``timeit``."""
-        state = self._state
+        get_state/set_state; see CallerRandomState), measured with ``timeit``.
+
+        The first index is drawn before the save: a sampler that draws from the global
+        generator (torch's ``RandomSampler`` without a ``generator`` draws its epoch's seed
+        at its first index) advances the caller's stream as it does under torch, with or
+        without workers. Each index is drawn that way with ``num_workers=0``; under
+        ``num_workers="auto"`` the rest of a group's indices are drawn inside it.
+        """
+        index = self._pull_index()
+        if index is _END:
+            return
         saved = self._caller_rng.save()
         start = time.perf_counter()
         try:
-            while True:
-                try:
-                    index = self._next_index()
-                except StopIteration:
-                    self._exhausted = True
+            while self._load_one(index):
+                if len(self._ahead) >= self._group or time.perf_counter() - start >= GROUP_S:
                     return
-                idx = self._task
-                self._task += 1
-                replay = idx in state.delivered
-                if replay and (not self._iterable or self._jump):
-                    continue
-                seed = batch_seed(self._epoch_seed, idx)
-                seed_all(seed)
-                try:
-                    batch, failures = self._fetcher.fetch(index, seed)
-                except SkipBatch as skip:
-                    self._ahead.append((idx, _SKIPPED, skip.failures, None, None))
-                    continue
-                except StopIteration:
-                    self._exhausted = True
-                    return
-                except Exception as exc:  # raised when its batch is due (torch's order)
-                    self._ahead.append((idx, None, [], None, exc))
-                    return
-                if replay:  # an iterable stream passing what was delivered before the checkpoint
-                    continue
-                position = None
-                if self._iterable and stateful(self._dataset):
-                    position = self._dataset.state_dict()  # type: ignore[attr-defined]
-                samples = len(index) if self._auto_collation else 1
-                self._ahead.append((idx, (batch, samples), failures, position, None))
-                if len(self._ahead) >= self._group or (time.perf_counter() - start >= GROUP_S):
+                index = self._pull_index()
+                if index is _END:
                     return
         finally:
             self._caller_rng.restore(saved)
+
+    def _pull_index(self) -> Any:
+        try:
+            return self._next_index()
+        except StopIteration:
+            self._exhausted = True
+            return _END
+
+    def _load_one(self, index: Any) -> bool:
+        """Load the batch at ``index`` into ``_ahead``; False when loading must stop (the
+        stream ended, or the batch raised: the error waits for its turn, as torch's does)."""
+        state = self._state
+        idx = self._task
+        self._task += 1
+        replay = idx in state.delivered
+        if replay and (not self._iterable or self._jump):
+            return True
+        seed = batch_seed(self._epoch_seed, idx)
+        seed_all(seed)
+        try:
+            batch, failures = self._fetcher.fetch(index, seed)
+        except SkipBatch as skip:
+            self._ahead.append((idx, _SKIPPED, skip.failures, None, None))
+            return True
+        except StopIteration:
+            self._exhausted = True
+            return False
+        except Exception as exc:  # raised when its batch is due (torch's order)
+            self._ahead.append((idx, None, [], None, exc))
+            return False
+        if replay:  # an iterable stream passing what was delivered before the checkpoint
+            return True
+        position = None
+        if self._iterable and stateful(self._dataset):
+            position = self._dataset.state_dict()  # type: ignore[attr-defined]
+        samples = len(index) if self._auto_collation else 1
+        self._ahead.append((idx, (batch, samples), failures, position, None))
+        return True
 
     def _record(self, failures: list[tuple[Any, ...]]) -> None:
         for index, exc_type, message, replacement in failures:

@@ -190,6 +190,37 @@ def test_shuffle_order_matches_reference_for_same_seed(
     assert got == torch_shuffle_orders(33, 11, 3, persistent)
 
 
+@pytest.mark.parametrize(("kind", "workers", "start", "persistent"), EPOCH_CASES)
+def test_global_seed_gives_torchs_orders_and_leaves_the_loops_stream_as_torch_does(
+    kind: str, workers: int, start: str | None, persistent: bool
+) -> None:
+    """No ``generator``: a run seeded with ``torch.manual_seed`` sees torch's shuffle order
+    every epoch, and the training loop's own draws (dropout, say) are the ones it would get
+    with torch: the loader takes from the global stream what torch takes (a base seed per
+    iterator, the sampler's seed per epoch), nothing more and nothing less."""
+    extra = {"persistent_workers": persistent} if workers else {}
+
+    def run(loader_kind: str) -> tuple[list[list[int]], list[float]]:
+        torch.manual_seed(3)
+        loader = make_loader(
+            loader_kind, RangeDataset(30), workers, start, batch_size=5, shuffle=True, **extra
+        )
+        orders, draws = [], []
+        for _ in range(3):
+            order = []
+            for batch in loader:
+                order += batch.tolist()
+                draws.append(torch.rand(1).item())
+            orders.append(order)
+        del loader
+        return orders, draws
+
+    got = run(kind)
+    reference = run("torch")
+    assert got[0] == reference[0]
+    assert got[1] == reference[1]
+
+
 # -- seeds and worker info ---------------------------------------------------------------------
 
 
