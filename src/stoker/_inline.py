@@ -21,7 +21,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from stoker._resume import EpochState, stateful, warn_fast_forward
 from stoker._seeding import CallerRandomState, batch_seed, epoch_seed, seed_all
 from stoker._stats import LoaderStats
-from stoker.faults import Failure
+from stoker.faults import Failure, FailureTally
 from stoker.workers._fetch import BatchFetcher, SkipBatch
 
 __all__ = ["GROUP_BATCHES", "GROUP_S", "InlineIterator"]
@@ -44,10 +44,10 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
         self._policy = loader.failure_policy
         self._failures: list[Failure] = loader.failures
+        self._tally = FailureTally(self._policy, loader.failures)
+        self._ended: dict[str, LoaderStats] = loader._ended
         self._notes: list[str] = getattr(loader, "_backend_notes", [])
         self._wait_s = 0.0
-        self._samples = 0
-        self._failed_samples = 0
         self._iter_epoch = 0
         # Under num_workers="auto" (the probe chose the main process), batches are loaded a
         # few at a time under one save and restore of the caller's random state; with an
@@ -108,8 +108,7 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         self._ahead: collections.deque[tuple[int, Any, list[Any], Any, Any]] = collections.deque()
         self._exhausted = False
         self._wait_s = 0.0
-        self._samples = 0
-        self._failed_samples = 0
+        self._tally.new_epoch()
         self._fetcher = BatchFetcher(
             self._dataset,
             iterable=self._iterable,
@@ -139,6 +138,8 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             if not self._ahead:
                 if self._exhausted:
                     state.finished = True
+                    self._ended["stats"] = self.stats()
+                    self._tally.end_epoch()
                     raise StopIteration
                 self._load_ahead()
                 continue
@@ -146,15 +147,13 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             if error is not None:
                 raise error
             if failures:
-                self._record(failures)
+                self._tally.record(failures, state.epoch, 0)
             if batch is _SKIPPED:
                 continue
-            if self._failures and isinstance(self._policy.max_failures, float):
-                self._policy.check(self._failures, self._samples + self._failed_samples)
             state.delivered.add(idx)
             if position is not None:
                 state.worker_states[0] = position
-            self._samples += batch[1]
+            self._tally.delivered(batch[1], failures)
             batch = batch[0]
             if self._pin_memory:
                 batch = _pin_memory(batch, self._pin_memory_device)
@@ -226,22 +225,13 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         self._ahead.append((idx, (batch, samples), failures, position, None))
         return True
 
-    def _record(self, failures: list[tuple[Any, ...]]) -> None:
-        for index, exc_type, message, replacement in failures:
-            self._failures.append(
-                Failure(index, self._state.epoch, 0, exc_type, message, replacement)
-            )
-            if replacement is None:
-                self._failed_samples += 1
-        self._policy.check(self._failures, self._samples + self._failed_samples)
-
     def stats(self) -> LoaderStats:
         return LoaderStats(
             backend="inline",
             num_workers=0,
             epoch=self._state.epoch,
             batches=len(self._state.delivered),
-            samples=self._samples,
+            samples=self._tally.samples,
             wait_s=self._wait_s,
             failures=len(self._failures),
             notes=tuple(self._notes),

@@ -36,7 +36,7 @@ from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
 from stoker._switch import HandoverMixin, watch_workers
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
-from stoker.faults import Failure
+from stoker.faults import Failure, FailureTally
 from stoker.transport import (
     SlotMap,
     reclaim_stale_segments,
@@ -81,6 +81,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
         self._policy = loader.failure_policy
         self._failures: list[Failure] = loader.failures
+        self._tally = FailureTally(self._policy, loader.failures)
+        self._ended: dict[str, LoaderStats] = loader._ended
         self._restarts_left: int = loader.max_worker_restarts
         self._restarts = 0
         self._epoch = -1
@@ -107,8 +109,6 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._worker_batches: collections.Counter[int] = collections.Counter()
         self._worker_busy: collections.Counter[int] = collections.Counter()
         self._wait_s = 0.0
-        self._samples = 0
-        self._failed_samples = 0
         self._fallbacks = 0
 
         ctx = loader.multiprocessing_context or mp.get_context()
@@ -256,8 +256,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._active = [True] * self._num_workers
         self._rr = itertools.cycle(range(self._num_workers))
         self._wait_s = 0.0
-        self._samples = 0
-        self._failed_samples = 0
+        self._tally.new_epoch()
         changes = self._tracker.changes()
         for path, value in changes:
             self._all_changes = {
@@ -402,6 +401,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                     self._state.finished = True
                 if not self._persistent_workers:
                     self._shutdown()
+                self._ended["stats"] = self.stats()
+                self._tally.end_epoch()
                 raise StopIteration
             self._receive(t0)
 
@@ -499,7 +500,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             num_workers=len(ids),
             epoch=max(0, self._epoch),
             batches=self._book.delivered,
-            samples=self._samples,
+            samples=self._tally.samples,
             wait_s=self._wait_s,
             outstanding=self._book.outstanding,
             reorder_depth=self._book.waiting,

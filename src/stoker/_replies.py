@@ -27,7 +27,7 @@ from typing import Any
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker._recovery import worker_pid
-from stoker.faults import Failure
+from stoker.faults import FailureTally
 from stoker.transport import decode, unlink_owned
 from stoker.workers._errors import unpack_exception
 from stoker.workers._threads import THREAD_REPLY_FIELDS
@@ -53,9 +53,7 @@ class ReplyMixin:
     _active: list[bool]
     _worker_batches: Any
     _worker_busy: Any
-    _failures: list[Failure]
-    _failed_samples: int
-    _samples: int
+    _tally: FailureTally
     _fallbacks: int
     _policy: Any
     _auto_collation: bool
@@ -166,13 +164,7 @@ class ReplyMixin:
         self._slots.forget_prefix(prefix)
 
     def _record_failures(self, failures: list[tuple[Any, ...]], worker_id: int) -> None:
-        for index, exc_type, message, replacement in failures:
-            self._failures.append(
-                Failure(index, self._epoch, worker_id, exc_type, message, replacement)
-            )
-            if replacement is None:
-                self._failed_samples += 1
-        self._policy.check(self._failures, self._samples + self._failed_samples)
+        self._tally.record(failures, self._epoch, worker_id)
 
     def _discard(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "D" and msg[5] is not None:
@@ -190,10 +182,9 @@ class ReplyMixin:
         if len(msg) > 10 and msg[10] is not None and self._state is not None:
             self._state.worker_states[msg[3]] = msg[10]  # position after this batch
         self._fallbacks += fallback
-        self._samples += len(index) if self._auto_collation and index is not None else 1
-        if self._failures and isinstance(self._policy.max_failures, float):
-            # A fractional limit can be exceeded by early failures alone: check as samples come.
-            self._policy.check(self._failures, self._samples + self._failed_samples)
+        self._tally.delivered(
+            len(index) if self._auto_collation and index is not None else 1, msg[9] or ()
+        )
         if len(msg) == THREAD_REPLY_FIELDS:  # a thread's batch (the backend may have changed)
             batch = payload
         else:

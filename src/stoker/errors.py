@@ -49,10 +49,12 @@ class WorkerTimeoutError(WorkerError):
 
 
 class FailureLimitError(StokerError, RuntimeError):
-    """More samples failed than ``max_failures`` allows; the message lists them.
+    """More samples failed in one epoch than ``max_failures`` allows, or every sample of an
+    epoch failed; the message lists them.
 
     Attributes:
-        failures: every :class:`stoker.Failure` recorded so far.
+        failures: the epoch's :class:`stoker.Failure` records (all epochs':
+            ``loader.failures``).
     """
 
     def __init__(self, message: str, failures: list[object]) -> None:

@@ -83,11 +83,14 @@ class DataLoader(tud.DataLoader):
             random generators are shared, so augmentations are not reseeded per batch).
         on_error: what a sample that raises does: ``"raise"`` (default, as torch),
             ``"skip"`` (drop it; the batch is smaller) or ``"replace"`` (load another sample
-            instead; batches keep their size). Failures are listed in ``loader.failures`` in
-            the order their batches are delivered (whichever worker hit them first).
-        max_failures: with ``"skip"``/``"replace"``, how many failures to tolerate: an int
-            count, a float fraction of samples seen (checked after 100 samples), or ``None``
-            (default) for no limit. Beyond it :class:`stoker.FailureLimitError` is raised.
+            instead; batches keep their size, unless 10 draws in a row fail: then the sample
+            is skipped). Failures are listed in ``loader.failures`` in the order their
+            batches are delivered (whichever worker hit them first).
+        max_failures: with ``"skip"``/``"replace"``, how many failures to tolerate in one
+            epoch: an int count, a float fraction of the epoch's samples seen (checked after
+            100 samples, and at the epoch's end), or ``None`` (default) for no limit. Beyond
+            it :class:`stoker.FailureLimitError` is raised; also, whatever the limit, at the
+            end of an epoch in which every sample failed.
         max_worker_restarts: how many times a worker that dies (segfault, OOM kill) is
             replaced, its batches loaded again; default 0 raises at the first death, as torch.
         config: a ``stoker.toml`` written by ``stoker tune``; its ``[loader]`` settings apply to
@@ -263,6 +266,9 @@ class DataLoader(tud.DataLoader):
         self._epoch_state: EpochState | None = None
         self._resume_state: EpochState | None = None
         self._live: weakref.ref[Any] | None = None
+        # The stats of the last epoch that ended, kept by its iterator (which holds this dict,
+        # not the loader): once a loop's iterator is gone, stats() still describes its epoch.
+        self._ended: dict[str, LoaderStats] = {}
         self.distributed = distributed
         self._coordinator: Any = None
         if distributed:
@@ -430,6 +436,8 @@ class DataLoader(tud.DataLoader):
             iterator = self._live()
         if iterator is not None and hasattr(iterator, "stats"):
             return iterator.stats()
+        if "stats" in self._ended:
+            return self._ended["stats"]
         backend = "inline" if self.num_workers == 0 else self._resolved_backend
         return LoaderStats(
             backend="thread"

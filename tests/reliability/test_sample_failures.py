@@ -77,10 +77,12 @@ def case_iterate(dataset: Any, workers: int, epochs: int = 1, **kwargs: Any) -> 
     failures = [dataclasses.astuple(f) for f in loader.failures]
     pids = [_pid(p) for p in getattr(loader._iterator, "_workers", [])]
     stats_failures: int | None = None
+    stats_samples: int | None = None
     stats_error = ""
     try:
         stats = loader.stats()
         stats_failures = stats.failures
+        stats_samples = stats.samples
         pids = [w.pid for w in stats.workers] or pids
     except Exception as exc:
         stats_error = f"{type(exc).__name__}: {exc}"
@@ -90,6 +92,7 @@ def case_iterate(dataset: Any, workers: int, epochs: int = 1, **kwargs: Any) -> 
         "error": error,
         "failures": failures,
         "stats_failures": stats_failures,
+        "stats_samples": stats_samples,
         "stats_error": stats_error,
         "pids": pids,
     }
@@ -159,7 +162,8 @@ def test_skip_drops_exactly_the_bad_samples(workers: int, in_order: bool) -> Non
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("on_error", ["skip", "replace"])
 def test_stats_count_the_failures_after_the_epoch(workers: int, on_error: str) -> None:
-    """Every failure is in ``loader.stats()`` too, also once the epoch is over."""
+    """Every failure is in ``loader.stats()`` too, also once the epoch is over, and its
+    sample count is of the samples delivered (skipped ones are not)."""
     bad = [3, 9, 10]
     r = run_case(
         case_iterate, dataset=FailingDataset(N, bad), workers=workers, on_error=on_error
@@ -167,6 +171,7 @@ def test_stats_count_the_failures_after_the_epoch(workers: int, on_error: str) -
     assert len(r["failures"]) == len(bad)
     assert r["stats_error"] == ""
     assert r["stats_failures"] == len(bad)
+    assert r["stats_samples"] == len(_indices(r)) == (N - len(bad) if on_error == "skip" else N)
 
 
 @pytest.mark.parametrize("workers", WORKERS)
@@ -306,6 +311,69 @@ def test_fraction_over_the_limit_raises_even_if_all_failures_came_early(workers:
 
 
 # -- collate_fn ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("max_failures", [2, 0.02])
+def test_the_limit_holds_per_epoch_not_across_epochs(workers: int, max_failures: Any) -> None:
+    """The same two bad files fail every epoch: 2 of 200 (1%) is within the limit each time,
+    and a long run must not stop at the epoch where the total passes it."""
+    n, bad = 2 * PROBATION_SAMPLES, [7, 150]
+    r = run_case(
+        case_iterate,
+        dataset=FailingDataset(n, bad),
+        workers=workers,
+        epochs=3,
+        on_error="skip",
+        max_failures=max_failures,
+    ).result
+    assert r["error"] == {}, r["error"]
+    assert [(f[0], f[1]) for f in r["failures"]] == [(i, e) for e in range(3) for i in bad]
+    assert len(_indices(r)) == 3 * (n - 2)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_fraction_is_enforced_at_the_end_of_an_epoch_shorter_than_probation(
+    workers: int,
+) -> None:
+    # 3 of 40 (7.5%) against 5%: probation never ends, so the epoch's end decides.
+    r = run_case(
+        case_iterate,
+        dataset=FailingDataset(N, [1, 2, 30]),
+        workers=workers,
+        on_error="skip",
+        max_failures=0.05,
+    ).result
+    err = r["error"]
+    assert err.get("type") == "FailureLimitError", err
+    assert "2.0 of 40 samples seen" in err["message"], err["message"]
+    assert len(_indices(r)) == N - 3  # raised after the last batch, not before
+    ok = run_case(
+        case_iterate,
+        dataset=FailingDataset(N, [1, 2, 30]),
+        workers=workers,
+        on_error="skip",
+        max_failures=0.1,
+    ).result
+    assert ok["error"] == {}
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("on_error", ["skip", "replace"])
+def test_an_epoch_where_every_sample_failed_raises_whatever_the_limit(
+    workers: int, on_error: str
+) -> None:
+    r = run_case(
+        case_iterate,
+        dataset=FailingDataset(N, range(N)),
+        workers=workers,
+        on_error=on_error,
+    ).result
+    err = r["error"]
+    assert err.get("type") == "FailureLimitError", err
+    assert err["message"].startswith("every sample of epoch 0 failed to load"), err["message"]
+    assert "sample 0 " in err["message"] and "loader.failures" in err["message"]
+    assert r["batches"] == [] and err["listed"] and len(r["failures"]) >= N
 
 
 @pytest.mark.parametrize("workers", WORKERS)
