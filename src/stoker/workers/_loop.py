@@ -302,8 +302,14 @@ class _Worker:
             enc = encode(batch, arena)
             del batch
             sampled = self.blocked.end()
-        except StopIteration:
-            self.send(("Z", epoch, idx, wid, self._dataset_state()))
+        except StopIteration as exc:
+            if self.spec.iterable:  # the stream is over
+                self.send(("Z", epoch, idx, wid, self._dataset_state()))
+                return
+            # From a map-style dataset's __getitem__: an error of its batch. Raised again in
+            # the main process it ends the loop there, as it does with torch's loaders.
+            arena.current = None
+            self.send(("X", epoch, idx, wid, pack_exception(exc, "loading the samples at indices")))
             return
         except Abandoned:
             arena.current = None
@@ -314,7 +320,7 @@ class _Worker:
             arena.current = None
             self.send(("K", epoch, idx, wid, skip.failures))
             return
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() in a dataset too: see pack_exception
             arena.current = None
             where = "loading the samples at indices"
             self.send(("X", epoch, idx, wid, pack_exception(exc, where)))

@@ -233,7 +233,7 @@ class _ThreadWorker:
         t0 = time.perf_counter()
         try:
             parts = fetcher.load_run(batch.index[start:stop], seed, RUN_LIMIT_S)
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() in a dataset too: see pack_exception
             self.blocked.end()
             pool.status.end(wid)
             if board.close(batch):
@@ -261,7 +261,7 @@ class _ThreadWorker:
         t0 = time.perf_counter()
         try:
             out, failures = fetcher.collate_runs(parts, batch.index)
-        except Exception as exc:
+        except BaseException as exc:
             self.failed(exc, epoch, idx)
             return
         del parts
@@ -269,7 +269,7 @@ class _ThreadWorker:
         work[wid] = work.get(wid, 0.0) + time.perf_counter() - t0
         self.done(epoch, idx, tuple(work.items()), tuple(batch.spans), out, failures)
 
-    def failed(self, exc: Exception, epoch: int, idx: int) -> None:
+    def failed(self, exc: BaseException, epoch: int, idx: int) -> None:
         """Report a batch that could not be loaded: skipped (``K``) or an error (``X``)."""
         wid = self.spec.worker_id
         if isinstance(exc, SkipBatch):
@@ -318,14 +318,17 @@ class _ThreadWorker:
                 self.fetcher, error, self.spec.on_error, index, seed, stop
             )
             sampled = self.blocked.end()
-        except StopIteration:
-            pool.results.put(("Z", epoch, idx, wid))
+        except StopIteration as exc:
+            if self.spec.iterable:  # the stream is over
+                pool.results.put(("Z", epoch, idx, wid))
+            else:  # from a map-style __getitem__: an error of its batch (see _loop.py)
+                self.failed(exc, epoch, idx)
             return
         except Abandoned:
             self.blocked.end()
             pool.results.put(("Q", epoch, idx, wid))
             return
-        except Exception as exc:
+        except BaseException as exc:
             self.failed(exc, epoch, idx)
             return
         finally:
