@@ -4,6 +4,8 @@
 torch does. ``"skip"`` drops the sample (the batch is smaller); ``"replace"`` loads another
 sample chosen from the batch's seed instead, so every batch keeps its size (and every DDP rank
 its step count; a sample for which :data:`MAX_REPLACEMENT_TRIES` draws all failed is skipped).
+In an ``IterableDataset`` the item that raised is dropped, or replaced by the stream's next
+item; the stream goes on if its iterator can (a generator that raised is over: Python ends it).
 Either way each failure is recorded as a :class:`Failure` in ``loader.failures`` and counted
 in ``loader.stats()``; once more samples failed in one epoch than ``max_failures`` allows,
 :class:`stoker.FailureLimitError` is raised listing them. The limit is per epoch: a dataset

@@ -179,6 +179,34 @@ class FailingIterable(tud.IterableDataset[int]):
             yield i
 
 
+class FlakyStream(tud.IterableDataset[int]):
+    """Each worker's share of ``range(n)`` from an iterator object whose ``__next__`` raises
+    for the items in ``bad`` and goes on after (a reader that skips a corrupt record; a
+    generator could not: Python ends it when it raises).
+
+    Args:
+        n: number of items in all.
+        bad: items that raise instead of being returned.
+    """
+
+    def __init__(self, n: int, bad: Iterable[int]) -> None:
+        self.n = n
+        self.bad = frozenset(bad)
+        self._items: Iterator[int] = iter(())
+
+    def __iter__(self) -> FlakyStream:
+        info = tud.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._items = iter(range(wid, self.n, nw))
+        return self
+
+    def __next__(self) -> int:
+        i = next(self._items)
+        if i in self.bad:
+            raise SampleError(f"record {i} is corrupt")
+        return i
+
+
 # -- deaths ----------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from _faulty import (
     FailingDataset,
     FailingIterable,
     FailingWorkerInit,
+    FlakyStream,
     JpegFolder,
     corrupt_bitflip,
     corrupt_truncate,
@@ -487,10 +488,30 @@ def test_iterable_error_with_skip_is_recorded_and_the_rest_delivered(after: int)
     assert len(got) == len(set(got))
     # Worker 0's whole stream arrives; worker 1 stops at its failure.
     assert set(range(0, N, 2)) <= set(got)
-    assert set(got) - set(range(0, N, 2)) <= set(range(1, 2 * after, 2))
+    # ... with the items it yielded before (the rest of their batch is not lost with it).
+    assert set(got) - set(range(0, N, 2)) == set(range(1, 2 * after, 2))
     assert len(r["failures"]) == 1
     f = r["failures"][0]
     assert f[2] == 1 and f[3] == "SampleError" and "worker 1" in f[4], f
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_stream_that_goes_on_after_a_bad_item_loses_only_that_item(workers: int) -> None:
+    bad = [4, 5, 17]
+    r = run_case(case_iterate, dataset=FlakyStream(N, bad), workers=workers, on_error="skip").result
+    assert r["error"] == {}, r["error"]
+    assert sorted(_indices(r)) == [i for i in range(N) if i not in bad]
+    assert [f[0] for f in r["failures"]] == [None] * len(bad)
+    assert sorted(f[4] for f in r["failures"]) == sorted(f"record {i} is corrupt" for i in bad)
+    # Under "replace" the stream's next item fills the place: batches stay full until the end.
+    r = run_case(
+        case_iterate, dataset=FlakyStream(N, bad), workers=workers, on_error="replace"
+    ).result
+    assert r["error"] == {}, r["error"]
+    assert sorted(_indices(r)) == [i for i in range(N) if i not in bad]
+    sizes = [len(b) for b in r["batches"]]
+    assert sizes.count(BATCH) >= len(sizes) - max(1, workers), sizes  # each stream's last
+    assert {f[5] for f in r["failures"]} <= {"the stream's next item", None}
 
 
 # -- corrupt JPEG files ----------------------------------------------------------------------

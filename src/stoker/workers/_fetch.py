@@ -45,6 +45,10 @@ class Abandoned(Exception):
     """The batch's epoch was abandoned: it was given up between two samples."""
 
 
+# The replacement a stream's failed item records under "replace": the item after it.
+_NEXT_ITEM = "the stream's next item"
+
+
 def _record(index: Any, exc: BaseException, replacement: Any = None) -> FailureRecord:
     return (index, type(exc).__qualname__, str(exc), replacement)
 
@@ -77,6 +81,7 @@ class BatchFetcher:
         self.collate_fn = collate_fn
         self.tolerant = on_error != "raise"
         self.replace = on_error == "replace"
+        self._drop_last = drop_last
         kind = _fetch._IterableDatasetFetcher if iterable else _fetch._MapDatasetFetcher
         # An iterable dataset's iterator is created here, once per epoch.
         self._torch = kind(dataset, auto_collation, collate_fn, drop_last)
@@ -103,12 +108,7 @@ class BatchFetcher:
             return self.collate_fn(self._load_all(index, stop)), []
         failures: list[FailureRecord] = []
         if self.iterable:
-            try:
-                return self._torch.fetch(index), failures
-            except StopIteration:
-                raise
-            except Exception as exc:
-                raise SkipBatch([_record(None, exc)]) from exc
+            return self._fetch_stream_tolerant(index)
         samples: list[Any] = []
         if not self.auto_collation:
             self._load_one(index, seed, failures, samples)
@@ -129,6 +129,48 @@ class BatchFetcher:
                 if stop is not None and stop():
                     raise Abandoned
                 self._load_one(i, seed, failures, samples)
+        return self._collate_tolerant(samples, failures, index)
+
+    def _fetch_stream_tolerant(self, index: Any) -> tuple[Any, list[FailureRecord]]:
+        """torch's iterable fetch, item by item: an item that raises is recorded and dropped
+        (under ``"replace"``: replaced by the stream's next item, at most
+        :data:`MAX_REPLACEMENT_TRIES` times per item, so a stream that only raises cannot
+        spin), instead of losing the whole batch. An iterator object can go on after raising;
+        a generator cannot (Python ends it): its stream is then over for the epoch."""
+        fetcher = self._torch
+        if not isinstance(fetcher, _fetch._IterableDatasetFetcher):
+            raise TypeError("a map-style dataset has no stream")
+        if fetcher.ended:
+            raise StopIteration
+        stream = fetcher.dataset_iter
+        replaced = _NEXT_ITEM if self.replace else None
+        wanted = len(index) if self.auto_collation else 1
+        budget = wanted * (1 + MAX_REPLACEMENT_TRIES) if self.replace else wanted
+        samples: list[Any] = []
+        failures: list[FailureRecord] = []
+        attempts = 0
+        while len(samples) < wanted and attempts < budget and not fetcher.ended:
+            attempts += 1
+            try:
+                samples.append(next(stream))
+            except StopIteration:
+                fetcher.ended = True
+            except Exception as exc:
+                failures.append(_record(None, exc, replaced))
+        if replaced is not None and len(samples) < wanted:
+            # The stream ended (or the budget ran out) before the last failures were replaced.
+            keep = len(failures) - min(len(failures), wanted - len(samples))
+            failures = failures[:keep] + [(i, t, m, None) for i, t, m, _ in failures[keep:]]
+        if not samples:
+            if failures:
+                raise SkipBatch(failures)
+            raise StopIteration
+        if not self.auto_collation:
+            return self.collate_fn(samples[0]), failures
+        if fetcher.ended and self._drop_last and len(samples) < wanted:
+            if failures:
+                raise SkipBatch(failures)
+            raise StopIteration  # torch drops the stream's incomplete last batch
         return self._collate_tolerant(samples, failures, index)
 
     def _collate_tolerant(
