@@ -194,6 +194,16 @@ class DataLoader(tud.DataLoader):
                     '`prefetch_factor="auto"` needs workers: pass `num_workers` > 0 or "auto".'
                 )
             prefetch_factor = 2
+        # A negative one gets torch's own error (below); torch accepts 0 and fails at iter().
+        if prefetch_factor is not None and (
+            isinstance(prefetch_factor, bool)
+            or not isinstance(prefetch_factor, int)
+            or prefetch_factor == 0
+        ):
+            raise ConfigError(
+                '`prefetch_factor` must be an int >= 1 (batches in flight per worker), "auto" '
+                f"or None. Found: {prefetch_factor!r}."
+            )
         self._resolved_backend: str = backend
         self._backend_notes: list[str] = []
         # The probe chose threads to cover waits: the iterator starts processes and hands over

@@ -141,6 +141,15 @@ def test_set_epoch_rejects_non_int(bad: Any) -> None:
         loader.set_epoch(bad)
 
 
+@pytest.mark.parametrize("bad", [0, 1.5, True, "2"])
+def test_prefetch_factor_must_be_a_positive_int(bad: Any) -> None:
+    # torch accepts 0 here and fails at iter(); stoker says what it takes when it is built.
+    with pytest.raises(
+        stoker.ConfigError, match=rf"`prefetch_factor` must be an int >= 1.*{bad!r}"
+    ):
+        stoker.DataLoader(RangeDataset(4), num_workers=1, prefetch_factor=bad)
+
+
 # -- persistent workers ------------------------------------------------------------------------
 
 
