@@ -514,6 +514,12 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             workers=tuple(workers),
         )
 
+    @property
+    def shut_down(self) -> bool:
+        """Its workers were stopped (after a worker's death or a failed start): it cannot
+        load another batch."""
+        return self._pool is not None and self._pool.closed
+
     def _shutdown(self) -> None:
         self._stop_gil_meter()
         pool = self._pool

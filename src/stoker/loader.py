@@ -297,6 +297,10 @@ class DataLoader(tud.DataLoader):
             # its batches loaded ahead and its sampler's pass: 133 MiB on the bench's memory
             # workload) for the loader's life, though each epoch gets a fresh one.
             self._resolve_backend()
+        if getattr(self._iterator, "shut_down", False):
+            # Persistent workers stopped by an error the loop caught (a worker's death, say):
+            # this epoch starts fresh ones, instead of failing for want of workers.
+            self._iterator = None
         iterator = super().__iter__()
         if iterator is self._iterator:  # (torch keeps it only for persistent workers)
             # The persistent iterator, kept for the loader's life: the loop gets a handle on

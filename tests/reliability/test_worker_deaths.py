@@ -121,6 +121,23 @@ def case_no_restart(how: str, marker_dir: str) -> dict[str, Any]:
     return {"delivered": delivered, "error": error, "deaths": dataset.deaths()}
 
 
+def case_iterate_again_after_a_death(marker_dir: str) -> dict[str, Any]:
+    """A loop that catches the death's error (an eval loop that logs and goes on) and
+    iterates the persistent loader again."""
+    dataset = DieOnceDataset(N, [21], "SIGKILL", marker_dir)
+    loader = _loader(dataset, WORKERS)
+    error = ""
+    try:
+        indices_of(loader)
+    except stoker.WorkerError as exc:
+        error = str(exc)
+    pids_before = [w.pid for w in loader.stats().workers]
+    again = indices_of(loader)
+    pids_after = [w.pid for w in loader.stats().workers]
+    del loader
+    return {"error": error, "again": again, "before": pids_before, "after": pids_after}
+
+
 def case_restarts_run_out(marker_dir: str) -> dict[str, Any]:
     dataset = DieOnceDataset(N, [21], "SIGKILL", marker_dir, always=True)
     loader = _loader(dataset, WORKERS, max_worker_restarts=2)
@@ -235,6 +252,15 @@ def test_death_without_restarts_raises_worker_error_fast(how: str, tmp_path: Pat
     ), message
     # Nothing delivered twice before the error.
     assert len(r["delivered"]) == len(set(r["delivered"]))
+
+
+def test_a_persistent_loader_iterated_again_after_a_death_starts_fresh_workers(
+    tmp_path: Path,
+) -> None:
+    r = run_case(case_iterate_again_after_a_death, marker_dir=str(tmp_path)).result
+    assert "SIGKILL" in r["error"], r
+    assert sorted(r["again"]) == list(range(N))  # a whole epoch, not "workers were shut down"
+    assert r["after"] and not set(r["after"]) & set(r["before"]), r
 
 
 def test_sigbus_report_names_free_shared_memory(tmp_path: Path) -> None:
