@@ -190,13 +190,26 @@ def test_sys_exit_in_a_worker_does_not_end_the_script_silently(tmp_path: Any) ->
     assert done.stdout.startswith("caught: sys.exit() was called in a worker"), done.stdout
 
 
+@pytest.fixture(scope="module")
+def torch_stop_iteration() -> dict[bool, Any]:
+    """What torch's loader does, in the main process and with a worker (once per module:
+    torch's workers, left mid-epoch, take 5 s each to stop)."""
+    return {
+        workers: run_case(
+            case_first_error, kind="stop", loader_cls="torch", num_workers=int(workers)
+        ).result
+        for workers in (False, True)
+    }
+
+
 @pytest.mark.parametrize(
     "mode", [pytest.param({}, id="main"), *MODES, pytest.param({"num_workers": 1}, id="one")]
 )
-def test_stop_iteration_from_getitem_ends_the_epoch_as_torch_does(mode: dict[str, Any]) -> None:
+def test_stop_iteration_from_getitem_ends_the_epoch_as_torch_does(
+    mode: dict[str, Any], torch_stop_iteration: dict[bool, Any]
+) -> None:
     got = run_case(case_first_error, kind="stop", **mode).result
-    kwargs = {k: v for k, v in mode.items() if k != "backend"}
-    ref = run_case(case_first_error, kind="stop", loader_cls="torch", **kwargs).result
+    ref = torch_stop_iteration[bool(mode.get("num_workers"))]
     assert ref["batches"] == [[0, 1], [2, 3]] and ref["error"] is None
     assert got["batches"] == ref["batches"] and got["error"] is None, got
 
