@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import gc
-import itertools
-import os
 from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+from _codec_support import new_prefix, roundtrip
 from torch.utils.data import default_collate
-from torch.utils.data._utils import collate as torch_collate
 
-from stoker.transport import SlotArena, SlotMap, decode, encode, slot_prefix, unlink_owned
+from stoker.transport import SlotArena, SlotMap, decode, encode, unlink_owned
 from stoker.transport._codec import _DTYPES
-from stoker.workers import _collate
 
-_ids = itertools.count(1_000_000)
 Pair = namedtuple("Pair", ["image", "label"])
 
 
@@ -26,32 +22,6 @@ Pair = namedtuple("Pair", ["image", "label"])
 class Sample:
     x: torch.Tensor
     name: str
-
-
-@pytest.fixture
-def pool():
-    prefix = slot_prefix(os.getpid(), next(_ids))
-    arena = SlotArena(prefix, 0, budget_bytes=64 << 20)
-    slots = SlotMap()
-    yield arena, slots
-    arena.close()
-    slots.clear()
-    unlink_owned(prefix)
-
-
-@pytest.fixture
-def collate_into_slots(pool):
-    saved = torch_collate.default_collate_fn_map[torch.Tensor]
-    _collate.install(pool[0])
-    yield pool
-    torch_collate.default_collate_fn_map[torch.Tensor] = saved
-    _collate._arena = None
-
-
-def roundtrip(batch, arena, slots):
-    arena.begin()
-    enc = encode(batch, arena)
-    return decode(enc.payload, enc.slot, slots), enc
 
 
 def _sample_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -168,7 +138,7 @@ def test_pool_grows_for_a_larger_batch_and_retires_small_slots(pool):
 
 
 def test_batch_over_the_budget_falls_back_to_pickling():
-    prefix = slot_prefix(os.getpid(), next(_ids))
+    prefix = new_prefix()
     arena = SlotArena(prefix, 0, budget_bytes=1 << 16)
     slots = SlotMap()
     try:

@@ -12,55 +12,24 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _codec_support import roundtrip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import default_collate
-from torch.utils.data._utils import collate as torch_collate
 
 import stoker
-from stoker.transport import SlotArena, SlotMap, decode, encode, slot_prefix, unlink_owned
+from stoker.transport import decode, encode
 from stoker.transport._codec import _DTYPES
-from stoker.workers import _collate
 
 # Workers in a test whose failure mode is a hang get this long.
 HANG_GUARD_S = 120
 EXAMPLES = int(os.environ.get("STOKER_HYPOTHESIS_EXAMPLES", "100"))
-
-_ids = itertools.count(2_000_000)
-
-
-@pytest.fixture
-def pool() -> Iterator[tuple[SlotArena, SlotMap]]:
-    prefix = slot_prefix(os.getpid(), next(_ids))
-    arena = SlotArena(prefix, 0, budget_bytes=64 << 20)
-    slots = SlotMap()
-    yield arena, slots
-    arena.close()
-    slots.clear()
-    unlink_owned(prefix)
-
-
-@pytest.fixture
-def tight_arena() -> Iterator[SlotArena]:
-    """An arena whose slots may hold 2 MiB in all."""
-    prefix = slot_prefix(os.getpid(), next(_ids))
-    arena = SlotArena(prefix, 0, budget_bytes=2 << 20)
-    yield arena
-    arena.close()
-    unlink_owned(prefix)
-
-
-def roundtrip(batch: Any, arena: SlotArena, slots: SlotMap) -> tuple[Any, Any]:
-    arena.begin()
-    enc = encode(batch, arena)
-    return decode(enc.payload, enc.slot, slots), enc
 
 
 def values(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -246,15 +215,6 @@ def test_a_gapped_or_overlapping_layout_alone_arrives_contiguous(pool, make):
 
 
 # -- tensors collation wrote into the slot ------------------------------------------------------
-
-
-@pytest.fixture
-def collate_into_slots(pool):
-    saved = torch_collate.default_collate_fn_map[torch.Tensor]
-    _collate.install(pool[0])
-    yield pool
-    torch_collate.default_collate_fn_map[torch.Tensor] = saved
-    _collate._arena = None
 
 
 def test_views_of_a_collated_tensor_are_decoded_in_place(collate_into_slots):
