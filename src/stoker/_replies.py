@@ -142,11 +142,11 @@ class ReplyMixin:
         exceeded, the batch is released and not delivered."""
         try:
             for failures, wid in self._book.passed_notes():
-                self._record_failures(failures, wid)
+                self._tally.record(failures, self._epoch, wid)
             if got is not None:
                 msg = got[1][0]
                 if msg[0] == "D" and msg[9]:
-                    self._record_failures(msg[9], msg[3])
+                    self._tally.record(msg[9], self._epoch, msg[3])
         except BaseException:
             if got is not None:
                 self._discard(got[1][0])
@@ -162,9 +162,6 @@ class ReplyMixin:
         prefix = f"{pool.prefix}w{worker_id}-{pid}-"
         unlink_owned(prefix, pool.shm_dir)
         self._slots.forget_prefix(prefix)
-
-    def _record_failures(self, failures: list[tuple[Any, ...]], worker_id: int) -> None:
-        self._tally.record(failures, self._epoch, worker_id)
 
     def _discard(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "D" and msg[5] is not None:

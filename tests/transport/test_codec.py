@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from _codec_support import new_prefix, roundtrip
+from _codec_support import new_prefix, offset_in_slot, roundtrip
 from torch.utils.data import default_collate
 
 from stoker.transport import SlotArena, SlotMap, decode, encode, unlink_owned
@@ -156,7 +156,7 @@ def test_default_collate_stacks_straight_into_the_slot(collate_into_slots):
     arena.reserve(4096)
     arena.begin()
     batch = default_collate(samples)
-    assert arena.offset_of(batch[0]) is not None  # written in place, no copy needed
+    assert offset_in_slot(arena, batch[0]) is not None  # written in place, no copy needed
     enc = encode(batch, arena)
     out = decode(enc.payload, enc.slot, slots)
     assert torch.equal(out[0], torch.stack([s[0] for s in samples]))

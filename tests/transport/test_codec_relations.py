@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
-from _codec_support import roundtrip
+from _codec_support import offset_in_slot, roundtrip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import default_collate
@@ -222,7 +222,7 @@ def test_views_of_a_collated_tensor_are_decoded_in_place(collate_into_slots):
     arena.reserve(1 << 16)
     arena.begin()
     batch = default_collate([values(torch.float32, (3, 4, 4)) for _ in range(4)])
-    offset = arena.offset_of(batch)
+    offset = offset_in_slot(arena, batch)
     assert offset is not None
     views = [batch, batch.permute(0, 2, 3, 1), batch[:, 0], batch[1:3]]
     enc = encode(views, arena)
@@ -245,7 +245,7 @@ def test_a_slot_partly_taken_by_discarded_collation_output_is_not_overwritten(
     assert arena.alloc(600_000) is not None  # collated, then dropped by the user's collate_fn
     labels = default_collate(list(range(1000)))  # ints: not collated into the slot
     kept = default_collate([torch.full((10,), 7.0)] * 8)  # 320 B, in the slot
-    assert arena.offset_of(kept) is not None
+    assert offset_in_slot(arena, kept) is not None
     fresh = torch.full((200_000,), 3.0)  # 800 KB: overflows; the batch needs ~0.8 MiB
     taken = arena.current.name
     enc = encode([kept, fresh, labels], arena)

@@ -232,7 +232,7 @@ def _place(pickler: _LeafPickler, arena: SlotArena) -> list[Any] | None:
     """Place the planned leaves in the arena's current slot; their table, or None if full.
 
     A tensor that views the slot's own storage past its header (what collation wrote there
-    in place, as ``SlotArena.offset_of`` finds it, or a view of that) is not copied.
+    in place, or a view of that) is not copied.
     """
     slot = arena.current
     if slot is None:

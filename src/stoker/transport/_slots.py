@@ -181,16 +181,6 @@ class SlotArena:
         self._top = end
         return slot.base[start:end]
 
-    def offset_of(self, tensor: torch.Tensor) -> int | None:
-        """Offset of a contiguous ``tensor`` that lies inside the current slot, else None."""
-        slot = self.current
-        if slot is None:
-            return None
-        off = tensor.data_ptr() - slot.addr
-        if off < HEADER_BYTES or off + tensor.nbytes > slot.size:
-            return None
-        return off
-
     def seal(self) -> str | None:
         """Mark the current slot BUSY (handed to the main process); returns its name."""
         slot = self.current
