@@ -8,8 +8,9 @@
     prefetch_factor = 4
     pin_memory = false
 
-A setting applies to an argument the caller left at its default; an argument given any other
-value wins. Unknown keys and values of the wrong type are errors that name the file and key.
+A setting applies to an argument the caller left out; an argument passed wins, whatever its
+value. Unknown tables and keys, and values of the wrong type, are errors that name the file
+and key.
 """
 
 from __future__ import annotations
@@ -53,14 +54,25 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(
             f"`config` file {str(p)!r} does not exist. Create it with `stoker tune "
             "module:factory -b BATCH`, or pass `config=None`."
         ) from exc
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not UTF-8
+        raise ConfigError(
+            f"`config` file {str(p)!r} cannot be read as TOML text: {exc}. Pass the path of "
+            "a `stoker.toml` file (UTF-8), as `stoker tune` writes it."
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"`config` file {str(p)!r} is not valid TOML: {exc}.") from exc
+    unknown = sorted(set(data) - {SECTION})
+    if unknown:
+        raise ConfigError(
+            f"{p}: unknown table(s) {', '.join(f'`[{k}]`' for k in unknown)}; the settings "
+            f"go in `[{SECTION}]`."
+        )
     table = data.get(SECTION, {})
     if not isinstance(table, dict):
         raise ConfigError(f"{p}: `[{SECTION}]` must be a table. Found: {table!r}.")
@@ -74,8 +86,8 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         ok = isinstance(value, kinds) and not (bool in kinds) ^ isinstance(value, bool)
         if isinstance(value, str) and value not in _STRINGS.get(key, ()):
             ok = False
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            ok = False
+        if isinstance(value, int) and not isinstance(value, bool):
+            ok = ok and value >= (1 if key == "prefetch_factor" else 0)
         if not ok:
             allowed = " or ".join(
                 [k.__name__ for k in kinds if k is not str]

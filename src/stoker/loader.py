@@ -8,11 +8,12 @@ torch's own; with workers it runs on stoker's engine (see ``stoker._iterator``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import torch
 import torch.utils.data as tud
@@ -32,6 +33,27 @@ _BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # torch added `in_order` in 2.6; older versions must not be passed it.
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(tud.DataLoader.__init__).parameters
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def _noting_given_arguments(init: _Init) -> _Init:
+    """Record which arguments the caller passed, as ``self._passed_arguments``: a ``config=``
+    setting applies only to an argument left out (``num_workers=0`` passed to debug in the
+    main process must win over the file's workers, though 0 is also the default)."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            passed = frozenset(signature.bind(self, *args, **kwargs).arguments)
+        except TypeError:  # a wrong call: __init__ raises Python's own error for it
+            passed = frozenset()
+        object.__setattr__(self, "_passed_arguments", passed)
+        init(self, *args, **kwargs)
+
+    return cast(_Init, wrapper)
 
 
 class DataLoader(tud.DataLoader):
@@ -117,6 +139,7 @@ class DataLoader(tud.DataLoader):
         ConfigError: for an invalid stoker extra (a ``ValueError`` too).
     """
 
+    @_noting_given_arguments
     def __init__(
         self,
         dataset: tud.Dataset[Any],
@@ -164,9 +187,14 @@ class DataLoader(tud.DataLoader):
                 "persistent_workers": None,
                 "in_order": True,
             }
+            passed: frozenset[str] = getattr(self, "_passed_arguments", frozenset())
             for key, value in load_config(config).items():
-                if given[key] == defaults[key]:  # left at its default: the file decides
+                if key not in passed and given[key] == defaults[key]:  # the file decides
                     given[key] = value
+            if given["num_workers"] == 0:  # passed: the file's worker settings do not apply
+                for key in ("prefetch_factor", "persistent_workers"):
+                    if key not in passed:
+                        given[key] = defaults[key]
             backend = given["backend"]
             num_workers = given["num_workers"]
             prefetch_factor = given["prefetch_factor"]
