@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -55,3 +56,21 @@ class TupleDataset:
 
 def tuple_dataset() -> TupleDataset:
     return TupleDataset()
+
+
+class DyingDataset(FieldsDataset):
+    """Sample 25 kills the pack worker loading it (as the out-of-memory killer would); in the
+    process that made the dataset it loads as usual."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.owner = os.getpid()
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == 25 and os.getpid() != self.owner:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+def dying_dataset() -> DyingDataset:
+    return DyingDataset(SAMPLES)

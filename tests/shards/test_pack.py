@@ -197,6 +197,32 @@ def test_killed_pack_is_incomplete_and_resume_gives_the_same_bytes(tmp_path: Pat
         pack("shard_factories:slow_dataset", out, shard_size=16_000, resume=True)
 
 
+def test_a_pack_worker_killed_is_an_error_and_resume_finishes(tmp_path: Path) -> None:
+    """multiprocessing.Pool waited forever for a dead worker's chunk."""
+    out = tmp_path / "out"
+    code = (
+        "import sys; sys.argv[0] = 'stoker'; from shard_helpers import run_cli; "
+        "sys.exit(run_cli('pack', 'shard_factories:dying_dataset', sys.argv[1], '--workers', "
+        "'2', '--shard-size', '16KB', '--no-progress'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        env=subprocess_env(),
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=KILL_WAIT_S,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "a pack worker died" in done.stderr and "--resume" in done.stderr, done.stderr
+    assert not (out / "index.json").exists()
+    # In this process sample 25 loads: resuming finishes the pack, as a clean one would.
+    pack("shard_factories:dying_dataset", out, shard_size=16_000, resume=True)
+    pack("shard_factories:dying_dataset", tmp_path / "reference", shard_size=16_000)
+    assert _tree_bytes(out) == _tree_bytes(tmp_path / "reference")
+
+
 def test_progress_bar(
     image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

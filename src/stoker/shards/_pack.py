@@ -9,11 +9,15 @@ shards but no index is recognisably unfinished and ``resume=True`` finishes it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,9 @@ __all__ = ["DEFAULT_SHARD_SIZE", "pack"]
 DEFAULT_SHARD_SIZE = 256 * 1000 * 1000
 # Samples handed to a worker at a time; results still come back in order.
 CHUNKSIZE = 16
+# Chunks in flight per worker: enough to keep every worker busy, few enough that encoded
+# samples waiting for an earlier chunk do not pile up in memory.
+IN_FLIGHT_PER_WORKER = 4
 
 _source: Source | None = None
 
@@ -46,9 +53,9 @@ def _init_worker(source: Source) -> None:
     _source = source
 
 
-def _encode(index: int) -> EncodedSample:
+def _encode_chunk(indices: range) -> list[EncodedSample]:
     assert _source is not None  # set by _init_worker before any task
-    return _encode_from(_source, index)
+    return [_encode_from(_source, i) for i in indices]
 
 
 def _encode_from(source: Source, index: int) -> EncodedSample:
@@ -112,13 +119,37 @@ def _encoder(source: Source, workers: int) -> Iterator[Callable[[range], Iterato
         yield lambda indices: (_encode_from(source, i) for i in indices)
         return
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    pool = mp.get_context(method).Pool(workers, initializer=_init_worker, initargs=(source,))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(source,)
+    )
     try:
-        yield lambda indices: pool.imap(_encode, indices, chunksize=CHUNKSIZE)
-        pool.close()
+        yield lambda indices: _in_order(pool, indices, window=IN_FLIGHT_PER_WORKER * workers)
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _in_order(pool: ProcessPoolExecutor, indices: range, window: int) -> Iterator[EncodedSample]:
+    """The encoded samples at ``indices``, in order, with at most ``window`` chunks in flight.
+
+    A worker that dies (the kernel's out-of-memory killer) breaks the pool: that is an error
+    saying so, where ``multiprocessing.Pool`` waited forever for the dead worker's chunk.
+    """
+    chunks = (indices[i : i + CHUNKSIZE] for i in range(0, len(indices), CHUNKSIZE))
+    try:
+        pending = collections.deque(
+            pool.submit(_encode_chunk, chunk) for chunk in itertools.islice(chunks, window)
+        )
+        while pending:
+            encoded = pending.popleft().result()
+            for chunk in itertools.islice(chunks, 1):
+                pending.append(pool.submit(_encode_chunk, chunk))
+            yield from encoded
+    except BrokenProcessPool as exc:
+        raise ShardError(
+            "a pack worker died (killed by a signal: the out-of-memory killer?); the shards "
+            "written so far are kept: run the same command with `--resume` to finish (with "
+            "fewer `--workers` if memory is short)."
+        ) from exc
 
 
 def pack(
