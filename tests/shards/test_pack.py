@@ -84,8 +84,9 @@ def test_factory_dataset_fields_are_encoded_by_extension(tmp_path: Path) -> None
 def test_tuple_samples_need_fields(tmp_path: Path) -> None:
     with pytest.raises(ShardError, match="--fields jpg,cls"):
         pack("shard_factories:tuple_dataset", tmp_path / "a")
-    pack("shard_factories:tuple_dataset", tmp_path / "b", fields=["png", "cls"])
-    ds = ShardDataset(tmp_path / "b", decode="numpy", fields=("png", "cls"))
+    # The failed pack left nothing behind: the corrected command runs into the same place.
+    pack("shard_factories:tuple_dataset", tmp_path / "a", fields=["png", "cls"])
+    ds = ShardDataset(tmp_path / "a", decode="numpy", fields=("png", "cls"))
     image, label = ds[3]
     assert label == 3 and image.shape == (4, 4, 3) and int(image[0, 0, 0]) == 30
 
@@ -113,6 +114,10 @@ def test_refuses_a_non_empty_output_and_bad_arguments(image_folder: Path, tmp_pa
         pack(image_folder, tmp_path / "o2", workers=0)
     with pytest.raises(ConfigError, match="`shard_size`"):
         pack(image_folder, tmp_path / "o3", shard_size=100)
+    assert not (tmp_path / "o3").exists()  # no state file to block the corrected command
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ShardError, match="is a file: pass a directory"):
+        pack(image_folder, tmp_path / "afile")
     with pytest.raises(ShardError, match="does not exist"):
         pack(tmp_path / "nope", tmp_path / "o4")
     assert run_cli("pack", str(image_folder), str(out), "--no-progress") == 1

@@ -194,17 +194,28 @@ def pack(
         else source
     )
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ShardError(f"output {out} is a file: pass a directory (empty or absent).")
+    created = not out.exists()
     done = _prepare(out, src, shard_size, resume)
     start = sum(s.samples for s in done)
-    writer = ShardWriter(out, shard_size=shard_size, first_shard=len(done))
+    writer: ShardWriter | None = None
     try:
+        writer = ShardWriter(out, shard_size=shard_size, first_shard=len(done))
         with _encoder(src, workers) as encode, _Progress(len(src), start, enabled=progress) as bar:
             for sample in encode(range(start, len(src))):
                 writer.write(sample)
                 bar.advance(len(sample.blob))
             shards = done + writer.close()
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
+        if not resume and not _completed(out):
+            # Nothing to resume: leave no state file to block the corrected command.
+            (out / PACK_STATE_NAME).unlink(missing_ok=True)
+            if created:
+                with contextlib.suppress(OSError):
+                    out.rmdir()
         raise
     index = ShardIndex(tuple(shards), dict(src.meta))
     write_index(out, index)
