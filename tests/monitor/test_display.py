@@ -28,6 +28,25 @@ def test_plain_lines_when_stdout_is_a_pipe() -> None:
     assert "\x1b[" not in out  # no terminal escape codes in a log
 
 
+def test_a_second_pass_counts_its_own_progress() -> None:
+    """The watch's steps count on across passes; a pass's progress is its own (it read
+    "step 300/250" in the second pass)."""
+    code = (
+        "import stoker.monitor as m\nw = m.watch(range(250), every=100)\n"
+        "for _ in range(2):\n    for _ in w: pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    heads = [ln.split(" | ")[0] for ln in out.splitlines() if " done: " not in ln]
+    assert heads == [
+        "[stoker.watch] step 100/250",
+        "[stoker.watch] step 200/250",
+        "[stoker.watch] step 350 (100/250 of the pass)",
+        "[stoker.watch] step 450 (200/250 of the pass)",
+    ]
+
+
 def test_plain_lines_with_capsys(capsys) -> None:
     clock = FakeClock()
     consume(Watch(producer(clock, [0.03] * 20), clock=clock, every=10), clock, 0.01)

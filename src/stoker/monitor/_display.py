@@ -67,12 +67,16 @@ class PlainDisplay:
         file: where lines go.
         total: steps in a pass, when known.
         console: a rich console to print through instead (Jupyter).
+        first_step: the watch's step count when the pass began.
     """
 
-    def __init__(self, file: IO[str], total: int | None, console: object = None) -> None:
+    def __init__(
+        self, file: IO[str], total: int | None, console: object = None, first_step: int = 0
+    ) -> None:
         self._file = file
         self._total = total
         self._console = console
+        self._first = first_step
 
     def _emit(self, text: str) -> None:
         if self._console is not None:
@@ -85,8 +89,10 @@ class PlainDisplay:
 
     def health(self, report: HealthReport) -> None:
         line = report.line()
-        if self._total:
-            line = line.replace(f"step {report.step} ", f"step {report.step}/{self._total} ", 1)
+        if self._total:  # the pass's progress; later passes also say the step in all
+            done = f"{report.step - self._first}/{self._total}"
+            shown = f"step {report.step} ({done} of the pass)" if self._first else f"step {done}"
+            line = line.replace(f"step {report.step} ", f"{shown} ", 1)
         self._emit(f"{PREFIX} {line}")
 
     def close(self, summary: WatchSummary | None) -> None:
@@ -100,9 +106,11 @@ class RichDisplay:
     Args:
         console: the rich console to draw on.
         total: steps in a pass, when known.
+        first_step: the watch's step count when the pass began (the bar counts this pass).
     """
 
-    def __init__(self, console: object, total: int | None) -> None:
+    def __init__(self, console: object, total: int | None, first_step: int = 0) -> None:
+        self._first = first_step
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -143,7 +151,7 @@ class RichDisplay:
         )
         shown = f"{rate:,.0f} samples/s" if rate is not None else f"{steps_rate:,.1f} steps/s"
         self._progress.update(
-            self._task, completed=steps, rate=shown, wait=f"{wait:.0%}", style=style
+            self._task, completed=steps - self._first, rate=shown, wait=f"{wait:.0%}", style=style
         )
         self._progress.refresh()
 
@@ -161,13 +169,17 @@ class RichDisplay:
             )
 
 
-def make_display(progress: bool, total: int | None, file: IO[str] | None = None) -> Display:
+def make_display(
+    progress: bool, total: int | None, file: IO[str] | None = None, first_step: int = 0
+) -> Display:
     """Choose the display for this output stream.
 
     Args:
         progress: ``False`` shows nothing.
         total: steps in a pass, when known.
         file: the stream to write to. Default ``sys.stdout`` (looked up at call time).
+        first_step: the watch's step count when this pass began: a pass's progress is counted
+            from it (the steps of the watch count on across passes).
 
     Returns:
         A :class:`Display`.
@@ -180,8 +192,8 @@ def make_display(progress: bool, total: int | None, file: IO[str] | None = None)
     console = Console(file=stream)
     if console.is_jupyter:
         if importlib.util.find_spec("ipywidgets") is not None:
-            return RichDisplay(console, total)
-        return PlainDisplay(stream, total, console=console)
+            return RichDisplay(console, total, first_step)
+        return PlainDisplay(stream, total, console=console, first_step=first_step)
     if console.is_terminal:
-        return RichDisplay(console, total)
-    return PlainDisplay(stream, total)
+        return RichDisplay(console, total, first_step)
+    return PlainDisplay(stream, total, first_step=first_step)

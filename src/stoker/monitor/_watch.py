@@ -232,7 +232,10 @@ class Watch(Generic[T]):
         if self._epoch > 0:
             meter.start_epoch()
         display = make_display(
-            self._progress, operator.length_hint(self.source, 0) or None, self._file
+            self._progress,
+            operator.length_hint(self.source, 0) or None,
+            self._file,
+            first_step=meter.steps,
         )
         sink = self._open_log() if self._log is not None else None
         # One writer (one event file) per pass, closed with it: no writer thread outlives it.
