@@ -27,12 +27,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from stoker._output import check_output_path
     from stoker._tune import tune
     from stoker.bench._cli import load_factory
     from stoker.errors import ConfigError
 
     console = Console()
     try:
+        check_output_path(args.output, "--output")
         factory = load_factory(args.factory)
         result = tune(
             factory,

@@ -89,6 +89,9 @@ def test_bench_own_dataset_writes_table_json_and_png(
         (["--batch-size", "8"], "applies to `--dataset` only"),
         (["--workload", "nope"], "unknown workload 'nope'"),
         (["--workload", "tiny", "--repeats", "0"], "`repeats` must be >= 1"),
+        # Checked before minutes of measuring, not when the results are written.
+        (["-w", "tiny", "--json", "/nonexistent-dir/b.json"], "does not exist. Create it"),
+        (["-w", "tiny", "--plot", "."], "`--plot .` is a directory"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_fix(

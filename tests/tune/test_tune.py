@@ -220,3 +220,11 @@ def test_a_session_measures_how_much_its_process_workers_block():
         session.close()
     # Samples that sleep 90% of their time: far more workers than the 2 cores fill them.
     assert need is not None and need >= workers_to_fill(2, 0.5)
+
+
+def test_cli_checks_the_output_path_before_measuring(capsys):
+    from stoker.cli import main
+
+    assert main(["tune", "no_such_module_xyz:f", "-b", "4", "-o", "/nonexistent-dir/s.toml"]) == 2
+    out = capsys.readouterr().out
+    assert "`--output /nonexistent-dir/s.toml`" in out and "does not exist" in out

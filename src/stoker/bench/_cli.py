@@ -169,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.batch_size is not None and not args.dataset:
             raise ConfigError("`--batch-size` applies to `--dataset` only.")
+        from stoker._output import check_output_path
+
+        if args.json:
+            check_output_path(args.json, "--json")
+        if args.plot:
+            check_output_path(args.plot, "--plot")
         chosen: list[str | Workload] | None = list(args.workloads) if args.workloads else None
         if args.dataset:
             factory = load_factory(args.dataset)
