@@ -76,6 +76,19 @@ def test_bad_targets_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     bad.write_text("def make():\n    raise OSError('disk gone')\n")
     assert run_doctor(f"{bad}:make") == 2
     assert "raised OSError: disk gone" in capsys.readouterr().err
+    binary = tmp_path / "blob.py"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    assert run_doctor(str(binary)) == 2  # not a traceback
+    assert "blob.py" in capsys.readouterr().err
+
+
+def test_a_script_in_the_encoding_its_coding_line_declares_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "latin.py"
+    script.write_bytes("# -*- coding: latin-1 -*-\nname = 'caf\u00e9'\n".encode("latin-1"))
+    assert run_doctor(str(script)) == 0
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_module_factory_from_cwd(

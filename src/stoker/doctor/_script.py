@@ -10,6 +10,7 @@ bound to lambdas, and the start method the script selects explicitly.
 from __future__ import annotations
 
 import ast
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,7 +222,11 @@ def parse_script(path: str | Path) -> Script:
         SyntaxError: if it is not valid Python.
     """
     path = Path(path)
-    source = path.read_text(encoding="utf-8")
+    try:
+        with tokenize.open(path) as f:  # the encoding its coding line declares (PEP 263)
+            source = f.read()
+    except UnicodeDecodeError as exc:
+        raise SyntaxError(f"{path} is not Python source text ({exc})") from exc
     tree = ast.parse(source, filename=str(path))
     parents: dict[ast.AST, ast.AST] = {}
     for node in ast.walk(tree):
