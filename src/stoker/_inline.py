@@ -21,7 +21,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from stoker._resume import EpochState, stateful, warn_fast_forward
 from stoker._seeding import CallerRandomState, batch_seed, epoch_seed, seed_all
 from stoker._stats import LoaderStats
-from stoker.faults import Failure, FailureTally
+from stoker.faults import FailureTally
 from stoker.workers._fetch import BatchFetcher, SkipBatch
 
 __all__ = ["GROUP_BATCHES", "GROUP_S", "InlineIterator"]
@@ -43,7 +43,6 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
         super().__init__(loader)
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
         self._policy = loader.failure_policy
-        self._failures: list[Failure] = loader.failures
         self._tally = FailureTally(self._policy, loader.failures)
         self._ended: dict[str, LoaderStats] = loader._ended
         self._notes: list[str] = getattr(loader, "_backend_notes", [])
@@ -233,6 +232,6 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
             batches=len(self._state.delivered),
             samples=self._tally.samples,
             wait_s=self._wait_s,
-            failures=len(self._failures),
+            failures=len(self._tally.log),
             notes=tuple(self._notes),
         )

@@ -36,7 +36,7 @@ from stoker._spawn import check_main_guard, fallback_backend
 from stoker._stats import LoaderStats, WorkerStats
 from stoker._switch import HandoverMixin, watch_workers
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
-from stoker.faults import Failure, FailureTally
+from stoker.faults import FailureTally
 from stoker.transport import (
     SlotMap,
     reclaim_stale_segments,
@@ -80,7 +80,6 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._prefetch = max(1, int(loader.prefetch_factor or 2))
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
         self._policy = loader.failure_policy
-        self._failures: list[Failure] = loader.failures
         self._tally = FailureTally(self._policy, loader.failures)
         self._ended: dict[str, LoaderStats] = loader._ended
         self._restarts_left: int = loader.max_worker_restarts
@@ -508,7 +507,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             slots_in_use=self._slots.busy(),
             slot_bytes=self._slots.nbytes,
             fallback_batches=self._fallbacks,
-            failures=len(self._failures),
+            failures=len(self._tally.log),
             notes=tuple(self._notes[-20:]),
             worker_restarts=self._restarts,
             workers=tuple(workers),

@@ -55,7 +55,6 @@ class ReplyMixin:
     _worker_busy: Any
     _tally: FailureTally
     _fallbacks: int
-    _policy: Any
     _auto_collation: bool
     _pin_memory: bool
     _pin_memory_device: Any

@@ -177,7 +177,9 @@ class FailureTally:
         """Count a delivered batch: the ``requested`` samples less those of its ``failures``
         that were skipped. A fraction can be exceeded by early failures alone: it is checked
         as samples come."""
-        self.samples += requested - sum(1 for failure in failures if failure[3] is None)
+        self.samples += requested
+        if failures:  # (most batches have none: this is the per-batch path)
+            self.samples -= sum(1 for failure in failures if failure[3] is None)
         if self.failures and isinstance(self.policy.max_failures, float):
             self.policy.check(self.failures, self.seen)
 
