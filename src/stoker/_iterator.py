@@ -37,11 +37,7 @@ from stoker._stats import LoaderStats, WorkerStats
 from stoker._switch import HandoverMixin, watch_workers
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import FailureTally
-from stoker.transport import (
-    SlotMap,
-    reclaim_stale_segments,
-    slot_prefix,
-)
+from stoker.transport import SlotMap, reclaim_stale_pools, slot_prefix
 from stoker.workers import WorkerPool
 from stoker.workers._loop import WorkerSpec
 from stoker.workers._status import IDLE
@@ -95,12 +91,6 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._rr = itertools.cycle(range(self._num_workers))
         self._device = loader.device
         self._device_stage: Any = None
-        registry = None
-        if self._device is not None or self._pin_memory:
-            from stoker.device import HostRegistry
-
-            registry = HostRegistry()
-        self._slots = SlotMap(registry=registry)
         self._tracker = AttributeTracker(self._dataset)
         self._all_changes: dict[tuple[str, ...], Any] = {}
         self._last_set_epoch: int | None = None
@@ -119,7 +109,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 "point STOKER_SHM_DIR at a writable tmpfs directory (or unset it for /dev/shm), "
                 'or use `backend="thread"`, which needs no shared memory.',
             )
-        reclaim_stale_segments(directory)
+        reclaim_stale_pools(directory)
         n = self._num_workers
         budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes(directory) * SHM_BUDGET_FRACTION / n))
         prefix = slot_prefix(os.getpid(), next(_POOL_IDS))
@@ -168,6 +158,13 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             self._pool = ThreadPool(specs, payload, capacity=capacity)
         else:
             self._pool = WorkerPool(ctx, specs, payload, capacity=capacity)
+        registry = None
+        if self._device is not None or self._pin_memory:
+            from stoker.device import HostRegistry
+
+            registry = HostRegistry()
+        pool_dir = self._pool.shm_dir if isinstance(self._pool, WorkerPool) else None
+        self._slots = SlotMap(pool_dir, registry=registry)
         self._workers = self._pool.processes
         self._watch_for_handover(loader)
         self._ready: set[int] = set()

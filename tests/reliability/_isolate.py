@@ -67,11 +67,16 @@ def shrink_intervals() -> None:
 
 
 def shm_entries(prefix: str = SHM_PREFIX, directory: str = SHM_DIR) -> set[str]:
-    """Names in ``directory`` that start with ``prefix``."""
+    """Names in ``directory`` that start with ``prefix``, and ``name/file`` for each file in
+    such an entry that is a directory (a pool's private directory)."""
     try:
-        return {n for n in os.listdir(directory) if n.startswith(prefix)}
+        names = {n for n in os.listdir(directory) if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
+    for name in list(names):
+        with contextlib.suppress(OSError):
+            names.update(f"{name}/{f}" for f in os.listdir(os.path.join(directory, name)))
+    return names
 
 
 def fd_count() -> int:

@@ -3,10 +3,10 @@
 Promises (issue 4): workers die within 5 s of the main process dying, even while blocked in
 user code (parent-death signal, and a watcher that polls the parent: tested on its own by
 starting the loader from a thread, where the parent-death signal is not used), and the pool's
-shared memory is unlinked; a new run after a crash reclaims the stale segments of dead owners
-(and leaves those of live owners alone); Ctrl-C gives ``KeyboardInterrupt`` within about a
-second, the workers go, and nothing warns about leaked resources; SIGTERM leaves nothing
-behind.
+shared memory is unlinked; a new run after a crash reclaims the stale pool of the crashed run
+(and leaves a live pool alone, whatever pid its name carries); Ctrl-C gives
+``KeyboardInterrupt`` within about a second, the workers go, and nothing warns about leaked
+resources; SIGTERM leaves nothing behind.
 
 Each case runs in a fresh interpreter (own session, faulthandler on) that the test signals.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,8 +130,12 @@ def _cleanup(proc: subprocess.Popen[str], pids: list[int]) -> None:
     with contextlib.suppress(Exception):
         proc.communicate(timeout=EXIT_LIMIT_S)
     for name in shm_entries(f"{SHM_PREFIX}{proc.pid}-"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(SHM_DIR, name))
+        path = os.path.join(SHM_DIR, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(path)
 
 
 # -- tests -----------------------------------------------------------------------------------
@@ -219,25 +224,50 @@ def case_new_run(n: int) -> dict[str, Any]:
     return {"got": got}
 
 
-def test_new_run_reclaims_stale_segments_of_dead_owners() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
+# Holds a pool whose name carries a pid that is not its own (another pid namespace, or a pid
+# reused since): liveness must come from the pool's lock, not from that pid.
+_LIVE_HOLDER = """
+import os, sys, time
+from stoker.transport import PoolNamespace
+ns = PoolNamespace.create(sys.argv[1])
+path = os.path.join(sys.argv[1], "stoker-" + sys.argv[2] + "-live")
+os.rename(ns.path, path)
+print(path, flush=True)
+time.sleep(120)
+"""
+
+
+def test_new_run_reclaims_the_pool_of_a_crashed_run_and_leaves_live_pools(
+    tmp_path: Path,
+) -> None:
+    proc, pids = _start(
+        "test_orphans_and_signals:case_blocked_main", ready_dir=str(tmp_path), in_thread=False
     )
-    dead = int(done.stdout)
-    assert not psutil.pid_exists(dead)
-    stale = [f"{SHM_PREFIX}{dead}-0-status", f"{SHM_PREFIX}{dead}-0-w1-{dead + 1}-3"]
-    live = f"{SHM_PREFIX}{os.getpid()}-999-w0-{os.getpid()}-1"  # a live owner: this process
+    holder = None
     try:
-        for name in [*stale, live]:
-            Path(SHM_DIR, name).write_bytes(b"\0" * 4096)
+        # A crash: the main process and its workers killed at once, before any cleanup.
+        os.killpg(proc.pid, signal.SIGKILL)
+        kill_all(pids)
+        proc.wait(EXIT_LIMIT_S)
+        assert not wait_gone(pids, ORPHAN_GRACE_S)[0]
+        stale = shm_entries(f"{SHM_PREFIX}{proc.pid}-")
+        assert stale, "the crashed run left no pool to reclaim"
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _LIVE_HOLDER, SHM_DIR, str(proc.pid)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None
+        live = Path(holder.stdout.readline().strip())
+        assert live.is_dir(), live
         r = run_case(case_new_run, n=20).result
         assert r["got"] == list(range(20))
-        assert not shm_entries(f"{SHM_PREFIX}{dead}-"), "stale segments of a dead owner remain"
-        assert Path(SHM_DIR, live).exists(), "a live owner's segment was removed"
+        left = shm_entries(f"{SHM_PREFIX}{proc.pid}-")
+        assert left == {live.name}, f"the crashed run's pool remains, or the live one went: {left}"
     finally:
-        for name in [*stale, live]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(SHM_DIR, name))
+        if holder is not None:
+            holder.kill()
+            holder.wait(EXIT_LIMIT_S)
+            if holder.stdout is not None:
+                holder.stdout.close()
+        _cleanup(proc, pids)

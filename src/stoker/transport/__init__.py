@@ -9,26 +9,31 @@ Lifecycle of one slot::
     main:   the user drops the last view -> finalizer sets the state byte back to FREE
     worker: the slot is reused for a later batch (no new segment, no page faults)
 
-A slot is a file in the shared-memory directory named ``stoker-<owner pid>-...``; the owner
-(main process) unlinks every file with its prefix at shutdown, and a later run unlinks those
-of owners that are no longer alive.
+A slot is a file in its pool's private directory (:class:`PoolNamespace`: mode 0700, a random
+name, locked with ``flock`` for the pool's life). The pool removes the directory at shutdown;
+a later run removes directories of this user whose lock no live process holds.
 """
 
 from stoker.transport._codec import decode, encode
-from stoker.transport._slots import (
-    SlotArena,
-    SlotMap,
-    reclaim_stale_segments,
-    slot_prefix,
-    unlink_owned,
+from stoker.transport._namespace import (
+    PoolNamespace,
+    ReclaimReport,
+    create_private_file,
+    open_private_file,
+    reclaim_stale_pools,
 )
+from stoker.transport._slots import SlotArena, SlotMap, slot_prefix, unlink_owned
 
 __all__ = [
+    "PoolNamespace",
+    "ReclaimReport",
     "SlotArena",
     "SlotMap",
+    "create_private_file",
     "decode",
     "encode",
-    "reclaim_stale_segments",
+    "open_private_file",
+    "reclaim_stale_pools",
     "slot_prefix",
     "unlink_owned",
 ]

@@ -67,7 +67,7 @@ def map_file(path: str, size: int | None = None) -> Any:
     Raises:
         OSError: if the file cannot be opened or mapped.
     """
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if size is None:
             size = os.fstat(fd).st_size

@@ -6,16 +6,15 @@ import ctypes
 import errno
 import mmap
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 import torch
 
 from stoker._platform import shm_dir, shm_free_bytes
 from stoker.errors import SharedMemoryError
 from stoker.transport._mapping import map_file
+from stoker.transport._namespace import create_private_file
 
 __all__ = [
     "ALIGN",
@@ -23,7 +22,6 @@ __all__ = [
     "SLOT_PREFIX",
     "SlotArena",
     "SlotMap",
-    "reclaim_stale_segments",
     "slot_prefix",
     "unlink_owned",
 ]
@@ -38,7 +36,6 @@ BUSY = 1
 # A slot is created this much larger than the batch that needed it, to absorb small growth.
 GROWTH_FACTOR = 1.25
 _PAGE = mmap.PAGESIZE
-_NAME_RE = re.compile(r"^stoker-(\d+)-")
 
 
 def _round_up(n: int, to: int) -> int:
@@ -74,7 +71,8 @@ class SlotArena:
         worker_id: the worker's index (goes into slot names).
         budget_bytes: most bytes of slots this worker may hold; beyond it batches take the
             ordinary (pickled) path.
-        directory: shared-memory directory. Default: ``stoker._platform.shm_dir()``.
+        directory: the pool's private directory (:class:`PoolNamespace`). Default:
+            ``stoker._platform.shm_dir()`` (tests only: a pool never writes there directly).
     """
 
     def __init__(
@@ -109,7 +107,7 @@ class SlotArena:
         self._counter += 1
         name = f"{self._prefix}{self._counter}"
         path = os.path.join(self._dir, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = create_private_file(path)
         try:
             try:
                 # Reserve the pages now: a full tmpfs fails here with ENOSPC instead of
@@ -214,7 +212,7 @@ class SlotMap:
     views it any more.
 
     Args:
-        directory: shared-memory directory. Default: ``stoker._platform.shm_dir()``.
+        directory: the pool's private directory. Default: ``stoker._platform.shm_dir()``.
     """
 
     def __init__(self, directory: str | None = None, registry: Any = None) -> None:
@@ -282,31 +280,6 @@ def unlink_owned(prefix: str, directory: str | None = None) -> int:
         return 0
     for name in names:
         if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(d, name))
-                count += 1
-            except FileNotFoundError:
-                pass
-    return count
-
-
-def reclaim_stale_segments(directory: str | None = None) -> int:
-    """Unlink slot files whose owning process is dead (left by a crashed run)."""
-    d = directory or shm_dir()
-    count = 0
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return 0
-    dead: dict[int, bool] = {}
-    for name in names:
-        m = _NAME_RE.match(name)
-        if not m:
-            continue
-        pid = int(m.group(1))
-        if pid not in dead:
-            dead[pid] = not psutil.pid_exists(pid)
-        if dead[pid]:
             try:
                 os.unlink(os.path.join(d, name))
                 count += 1

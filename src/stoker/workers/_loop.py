@@ -32,7 +32,7 @@ from torch.utils.data._utils import worker as _torch_worker
 from stoker._epoch_sync import apply_changes
 from stoker._platform import thread_sched_seconds
 from stoker._seeding import seed_all
-from stoker.transport import SlotArena, encode
+from stoker.transport import SlotArena, encode, open_private_file
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
@@ -77,9 +77,13 @@ class WorkerSpec:
 
 
 def _cleanup_pool_files(prefix: str) -> None:
+    """The main process died: unlink the pool's files, then its private directory (the last
+    worker to get here succeeds)."""
     for path in glob.glob(glob.escape(prefix) + "*"):
         with contextlib.suppress(OSError):
             os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(prefix))
 
 
 def _watch_parent(ppid: int, prefix: str) -> None:
@@ -384,7 +388,8 @@ def worker_main(
         daemon=True,
         name="stoker-parent",
     ).start()
-    stack_file = open(stack_path, "w")  # lives as long as the process
+    # Made by the main process; lives as long as this process.
+    stack_file = os.fdopen(open_private_file(stack_path, os.O_WRONLY | os.O_APPEND), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     with contextlib.suppress(Exception):
         from torch.utils.data._utils import signal_handling

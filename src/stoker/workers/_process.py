@@ -16,6 +16,7 @@ forkserver they are serialised once with cloudpickle (lambdas and classes define
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import multiprocessing.connection as mpc
@@ -27,7 +28,11 @@ import time
 from typing import Any
 
 from stoker._spawn import serialise_payload
-from stoker.transport import unlink_owned
+from stoker.transport import (
+    PoolNamespace,
+    create_private_file,
+    open_private_file,
+)
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec, worker_main
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
@@ -39,6 +44,8 @@ STOP_GRACE_S = 1.0
 TERM_GRACE_S = 0.5
 # Seconds to wait for a worker to write its stacks after SIGUSR1.
 STACK_DUMP_WAIT_S = 0.3
+# Most characters of a stack dump read back (a worker with thousands of threads).
+STACK_DUMP_MAX_BYTES = 1 << 20
 _PROTOCOL = 5
 # Pipes are enlarged to this size (Linux) so that queued tasks never block the main process.
 PIPE_BYTES = 1 << 20
@@ -77,7 +84,8 @@ class WorkerPool:
     Args:
         ctx: multiprocessing context (decides the start method).
         specs: one :class:`WorkerSpec` per worker (all with the same ``shm_dir`` and
-            ``slot_prefix``).
+            ``slot_prefix``); the pool's files go to a private directory it makes in
+            ``shm_dir`` (:class:`stoker.transport.PoolNamespace`).
         payload: ``(dataset, collate_fn, worker_init_fn)``.
     """
 
@@ -93,15 +101,20 @@ class WorkerPool:
         # Pickled once, before anything is created: an unpicklable part fails here, naming
         # its attribute path, with nothing to clean up.
         self._payload: Any = serialise_payload(payload, self.start_method)
-        self.specs = specs
-        self.shm_dir = specs[0].shm_dir
+        self.namespace = PoolNamespace.create(specs[0].shm_dir)
+        self.shm_dir = self.namespace.path
+        self.specs = [dataclasses.replace(spec, shm_dir=self.shm_dir) for spec in specs]
         self.prefix = specs[0].slot_prefix
         base = os.path.join(self.shm_dir, self.prefix)
-        reader, writer = ctx.Pipe(duplex=False)
-        _enlarge(writer)
-        self.queue = TaskQueue(reader, writer, base + "task-")
-        self.capacity = max(len(specs), capacity or 0)
-        self.status = StatusTable.create(base + "status", self.capacity)
+        try:
+            reader, writer = ctx.Pipe(duplex=False)
+            _enlarge(writer)
+            self.queue = TaskQueue(reader, writer, base + "task-")
+            self.capacity = max(len(specs), capacity or 0)
+            self.status = StatusTable.create(base + "status", self.capacity)
+        except BaseException:
+            self.namespace.close()
+            raise
         self.retired: set[int] = set()
         # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
         # from another thread they must not, since that fires when the *thread* exits.
@@ -120,6 +133,13 @@ class WorkerPool:
     def stack_path(self, worker_id: int) -> str:
         return os.path.join(self.shm_dir, f"{self.prefix}stack-{worker_id}")
 
+    def _new_stack_file(self, worker_id: int) -> None:
+        """Create worker ``worker_id``'s (empty) stack file; the worker opens it to append."""
+        path = self.stack_path(worker_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a restarted worker's predecessor's
+        os.close(create_private_file(path, os.O_WRONLY))
+
     def _start(self, worker_id: int) -> None:
         spec = self.specs[worker_id]
         if spec.pdeathsig != self._pdeathsig:
@@ -131,6 +151,7 @@ class WorkerPool:
         _enlarge(ctrl_w)
         _enlarge(res_w)
         self.status.reset(worker_id)
+        self._new_stack_file(worker_id)
         proc = self._ctx.Process(
             target=worker_main,
             args=(
@@ -145,10 +166,11 @@ class WorkerPool:
             name=f"stoker-worker-{worker_id}",
             daemon=True,
         )
-        frozen = self.start_method == "fork"
+        # Objects in the permanent generation are never touched by the collector, so a forked
+        # worker does not copy the pages that hold them. A user who froze objects already
+        # manages the permanent generation: theirs is left exactly as it is.
+        frozen = self.start_method == "fork" and gc.get_freeze_count() == 0
         if frozen:
-            # Objects in the permanent generation are never touched by the collector, so a
-            # forked worker does not copy the pages that hold them.
             gc.freeze()
         try:
             proc.start()
@@ -281,9 +303,9 @@ class WorkerPool:
                     time.sleep(0.02)  # let it finish writing
                     break
         try:
-            with open(path) as f:
+            with os.fdopen(open_private_file(path), errors="replace") as f:
                 f.seek(before)
-                return f.read()
+                return f.read(STACK_DUMP_MAX_BYTES)
         except OSError:
             return ""
 
@@ -325,4 +347,4 @@ class WorkerPool:
         for p in procs:
             with contextlib.suppress(ValueError, AttributeError):
                 p.close()
-        unlink_owned(self.prefix, self.shm_dir)
+        self.namespace.close()

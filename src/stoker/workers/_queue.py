@@ -5,7 +5,9 @@ Pipe writes of at most ``PIPE_BUF`` bytes are atomic, and every reader asks for 
 record, so each read returns one whole record: no reader lock exists that a worker killed
 mid-read could leave held, and the main process can drain the queue at any time (it does
 after a worker dies, to find the batches that worker took). A task too large for a record
-(a batch of thousands of indices) is written to a file and the record names it.
+(a batch of thousands of indices) is written to a file in the pool's private directory and the
+record names it; a reader accepts only a name with the queue's prefix, in that directory, and
+only a regular file of this user.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import select
 import struct
 from typing import Any
+
+from stoker.transport import create_private_file, open_private_file
 
 __all__ = ["RECORD", "TaskQueue"]
 
@@ -30,7 +34,8 @@ class TaskQueue:
     Args:
         reader: the read end (a ``multiprocessing.connection.Connection``).
         writer: the write end.
-        overflow_prefix: path prefix for tasks larger than a record.
+        overflow_prefix: path prefix for tasks larger than a record (in the pool's private
+            directory).
     """
 
     def __init__(self, reader: Any, writer: Any, overflow_prefix: str) -> None:
@@ -53,9 +58,9 @@ class TaskQueue:
         else:
             self._overflow_count += 1
             path = f"{self.overflow_prefix}{self._overflow_count}"
-            with open(path, "wb") as f:
+            with os.fdopen(create_private_file(path, os.O_WRONLY), "wb") as f:
                 f.write(data)
-            name = path.encode()
+            name = os.path.basename(path).encode()
             record = _LEN.pack(_OVERFLOW) + _LEN.pack(len(name)) + name
         os.write(self.writer.fileno(), record.ljust(RECORD, b"\0"))
 
@@ -64,8 +69,12 @@ class TaskQueue:
         if n != _OVERFLOW:
             return record[_LEN.size : _LEN.size + n]
         (m,) = _LEN.unpack_from(record, _LEN.size)
-        path = record[2 * _LEN.size : 2 * _LEN.size + m].decode()
-        with open(path, "rb") as f:
+        name = record[2 * _LEN.size : 2 * _LEN.size + m].decode()
+        prefix = os.path.basename(self.overflow_prefix)
+        if os.sep in name or not name.startswith(prefix):
+            raise ValueError(f"task record names {name!r}, not one of this queue's files")
+        path = os.path.join(os.path.dirname(self.overflow_prefix), name)
+        with os.fdopen(open_private_file(path), "rb") as f:
             data = f.read()
         os.unlink(path)
         return data

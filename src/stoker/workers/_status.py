@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from stoker.transport._mapping import map_file
+from stoker.transport._namespace import create_private_file
 
 __all__ = ["GIVE_UP_ALL", "IDLE", "StatusTable"]
 
@@ -45,7 +46,7 @@ class StatusTable:
 
     @classmethod
     def create(cls, path: str, rows: int) -> StatusTable:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = create_private_file(path)
         try:
             os.ftruncate(fd, (max(1, rows) + 1) * _ROW * 8)  # + the main process's row
         finally:

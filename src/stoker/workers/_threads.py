@@ -25,7 +25,7 @@ from typing import Any
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker._epoch_sync import apply_changes
-from stoker.workers import _collate
+from stoker.workers import _patches
 from stoker.workers._board import RUN_LIMIT_S, Board, OpenBatch, run_length
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
@@ -42,30 +42,6 @@ THREAD_REPLY_FIELDS = 10
 HELP = b"H"
 # Where a failure happened, as a worker's error says.
 _LOADING = "loading the samples at indices"
-
-_local = threading.local()
-_patched = False
-_patch_lock = threading.Lock()
-
-
-def _thread_aware_get_worker_info() -> Any:  # pragma: no cover - body runs as torch's
-    info = getattr(_stoker_thread_info, "info", None)  # type: ignore[name-defined]  # noqa: F821
-    return info if info is not None else _worker_info  # type: ignore[name-defined]  # noqa: F821
-
-
-def _patch_get_worker_info() -> None:
-    """Make torch's ``get_worker_info`` answer per thread (every reference to it, at once).
-
-    Its code object is swapped for one that reads a thread-local first; its globals stay
-    torch's module, where the thread-local is published.
-    """
-    global _patched
-    with _patch_lock:
-        if _patched:
-            return
-        _torch_worker._stoker_thread_info = _local  # type: ignore[attr-defined]
-        _torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
-        _patched = True
 
 
 class _Status:
@@ -129,7 +105,7 @@ class _ThreadWorker:
 
     def run(self) -> None:
         spec, pool = self.spec, self.pool
-        _local.info = _torch_worker.WorkerInfo(
+        _patches.local_info.info = _torch_worker.WorkerInfo(
             id=spec.worker_id, num_workers=spec.num_workers, seed=spec.seed, dataset=self.dataset
         )
         if pool.worker_init_fn is not None:
@@ -351,8 +327,7 @@ class ThreadPool:
     def __init__(
         self, specs: list[WorkerSpec], payload: tuple[Any, ...], capacity: int | None = None
     ) -> None:
-        _patch_get_worker_info()
-        _collate.install(None)  # no per-batch shared-memory segments in thread workers
+        _patches.acquire()  # released by shutdown()
         self.specs = specs
         self.dataset, self.collate_fn, self.worker_init_fn = payload
         self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -366,8 +341,12 @@ class ThreadPool:
         self.closed = False
         self.processes: list[threading.Thread] = [None] * len(specs)  # type: ignore[list-item]
         self._reported: set[int] = set()
-        for spec in specs:
-            self._start(spec.worker_id)
+        try:
+            for spec in specs:
+                self._start(spec.worker_id)
+        except BaseException:
+            self.shutdown()
+            raise
 
     def _start(self, worker_id: int) -> None:
         worker = _ThreadWorker(self, self.specs[worker_id])
@@ -467,6 +446,7 @@ class ThreadPool:
         if self.closed:
             return
         self.closed = True
+        _patches.release()
         self.status.give_up_all()  # batches in flight are not wanted: stop at the next sample
         for i in range(len(self.specs)):
             self.tasks.put(STOP)
