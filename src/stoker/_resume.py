@@ -5,20 +5,252 @@ index), so an epoch is fully described by the random state at its start (the loa
 ``generator``, or torch's global generator when there is none), the sampler's own state when it
 has one, and the set of batch indices already delivered. Resuming replays the sampler from
 that state and skips the delivered batches, with any ``num_workers`` or ``in_order``.
+
+A saved state is untrusted input (a checkpoint from elsewhere, or a corrupted one): it is
+checked whole against the loader it is loaded into before anything changes, and no allocation
+grows with a number it claims; every flaw is a ``ConfigError`` naming the key, the value found
+and the fix.
 """
 
 from __future__ import annotations
 
+import reprlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
+import torch.utils.data as tud
 
 from stoker.errors import ConfigError
 
-__all__ = ["EpochState", "stateful", "warn_fast_forward"]
+__all__ = [
+    "COUNT_LIMIT",
+    "UNSIZED_BATCHES_LIMIT",
+    "EpochState",
+    "ResumeTarget",
+    "StateCheck",
+    "map_length",
+    "shown",
+    "stateful",
+    "warn_fast_forward",
+]
 
 _VERSION = 1
+
+#: Delivered batches a state may claim for a loader whose epoch has no length (an iterable
+#: dataset, a sampler without ``__len__``). Resuming builds the set of them, as the saving loader
+#: held it; 2**24 batches take about 1 GiB, the most a corrupted count can make it allocate.
+UNSIZED_BATCHES_LIMIT = 1 << 24
+#: Epochs, lengths and counts beyond any run's reach (and well within the workers' int64
+#: status table, whose top values are reserved).
+COUNT_LIMIT = 1 << 48
+#: Base seeds are drawn as torch draws them: an int64 in [0, 2**63).
+_SEED_LIMIT = (1 << 63) - 1
+
+_FIX = (
+    "This state was saved by a loader over a different dataset, or is corrupted: pass the "
+    "state saved by the same loader."
+)
+
+
+class _Short(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = 6
+        self.maxstring = self.maxother = self.maxlong = 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 64:  # repr() of a huge int is slow, or refused (str digits limit)
+            return f"<int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _Short()
+
+
+def shown(value: Any) -> str:
+    """A short repr of an untrusted value (a huge int, a deep structure, a failing repr)."""
+    try:
+        return _SHORT.repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def _number(n: int) -> str:
+    """``n``, with the limits above 2**32 written as powers of two."""
+    if n >= 1 << 32:
+        if n & (n - 1) == 0:
+            return f"2**{n.bit_length() - 1}"
+        if (n + 1) & n == 0:
+            return f"2**{n.bit_length()} - 1"
+    return str(n)
+
+
+def key_path(*keys: str) -> str:
+    """``['a']['b']``: where a value sits in a saved state, for messages."""
+    return "".join(f"[{k!r}]" for k in keys)
+
+
+class StateCheck:
+    """Reads a saved state that may be corrupted or foreign (no I/O, nothing changed).
+
+    Every problem is a ``ConfigError`` that names the key (``name['key']``), the value found
+    (truncated) and ``fix``.
+    """
+
+    def __init__(self, name: str, fix: str) -> None:
+        self.name = name
+        self.fix = fix
+
+    def fail(self, path: str, found: Any, need: str) -> NoReturn:
+        raise ConfigError(f"`{self.name}{path}` must be {need}. Found: {shown(found)}. {self.fix}")
+
+    def mapping(
+        self,
+        state: Any,
+        path: str,
+        known: Collection[str],
+        required: Collection[str],
+        writer: str,
+    ) -> dict[Any, Any]:
+        """``state`` itself, once it is a dict with only ``known`` keys and every ``required``
+        one."""
+        if not isinstance(state, dict):
+            self.fail(path, state, f"a dictionary returned by `{writer}`")
+        unknown = [k for k in state if k not in known]
+        if unknown:
+            raise ConfigError(
+                f"`{self.name}{path}` has keys that `{writer}` does not write: {shown(unknown)}. "
+                f"{self.fix}"
+            )
+        missing = [k for k in required if k not in state]
+        if missing:
+            raise ConfigError(
+                f"`{self.name}{path}` lacks the keys {missing} that `{writer}` writes. {self.fix}"
+            )
+        return state
+
+    def integer(self, value: Any, path: str, low: int, high: int, why: str = "") -> int:
+        """``value`` if it is an int (not a bool) in ``[low, high]``; ``why`` explains the
+        bounds in the message."""
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            self.fail(path, value, f"an int in [{_number(low)}, {_number(high)}]{why}")
+        return int(value)
+
+    def flag(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(path, value, "True or False")
+        return value
+
+
+def map_length(dataset: Any) -> int | None:
+    """A map-style dataset's length (None: an iterable dataset, or one without a length)."""
+    if isinstance(dataset, tud.IterableDataset):
+        return None
+    try:
+        length = len(dataset)
+    except (TypeError, NotImplementedError):
+        return None
+    return length if isinstance(length, int) and length >= 0 else None
+
+
+def _loads_state(sampler: Any) -> Any:
+    """What takes a saved sampler state: the sampler, or a batch sampler's sampler."""
+    for obj in (sampler, getattr(sampler, "sampler", None)):
+        if callable(getattr(obj, "load_state_dict", None)):
+            return obj
+    return None
+
+
+def _batches_at_most(index_sampler: Any) -> int | None:
+    """The most batches an epoch over ``index_sampler`` has (None: it has no length)."""
+    from stoker.sampling import RankSampler
+
+    inner = getattr(index_sampler, "sampler", None)
+    if isinstance(index_sampler, RankSampler):  # its length depends on the world size:
+        return index_sampler.length  # at one rank it is longest
+    if isinstance(inner, RankSampler):
+        size = getattr(index_sampler, "batch_size", None)
+        per_batch = size if isinstance(size, int) and size > 0 else 1
+        return -(-inner.length // per_batch)
+    try:
+        batches = len(index_sampler)
+    except (TypeError, NotImplementedError):
+        return None
+    return batches if isinstance(batches, int) and batches >= 0 else None
+
+
+@dataclass(frozen=True)
+class ResumeTarget:
+    """What the loader a state is loaded into allows: read from it once, so the checks of
+    :meth:`EpochState.from_dict` are pure.
+
+    Attributes:
+        length: the map-style dataset's length (None: iterable, or no ``__len__``).
+        batches: the most batches one of its epochs has (None: unknown, an iterable dataset or
+            a sampler without ``__len__``).
+        generator: the loader's ``generator`` (None: torch's global one).
+        sampler: what takes the saved sampler state (None: nothing does).
+    """
+
+    length: int | None
+    batches: int | None
+    generator: torch.Generator | None
+    sampler: Any
+
+    @classmethod
+    def of(cls, loader: Any) -> ResumeTarget:
+        index = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+        return cls(
+            length=map_length(loader.dataset),
+            batches=_batches_at_most(index),
+            generator=loader.generator,
+            sampler=_loads_state(index),
+        )
+
+    def check_rng(self, check: StateCheck, rng: Any) -> torch.Tensor | None:
+        """A copy of a saved generator state, once this loader's generator takes it."""
+        if rng is None:
+            return None
+        size = EpochState.capture_rng(self.generator).numel()
+        if (
+            not isinstance(rng, torch.Tensor)
+            or rng.dtype != torch.uint8
+            or rng.dim() != 1
+            or rng.device.type != "cpu"
+            or rng.numel() != size
+        ):
+            check.fail(key_path(EpochState.KEY_RNG), rng, f"None or a uint8 tensor of {size} bytes")
+        device = self.generator.device if self.generator is not None else "cpu"
+        try:
+            torch.Generator(device=device).set_state(rng)  # a scratch one: torch checks it
+        except RuntimeError as exc:
+            check.fail(key_path(EpochState.KEY_RNG), rng, f"a valid generator state ({exc})")
+        return rng.clone()
+
+    def check_sampler(self, saved: Any, check: StateCheck | None = None) -> Any:
+        """A saved sampler state, once the sampler that is to take it accepts it (only
+        :class:`stoker.RankSampler` can say so before taking it; others take theirs as is).
+
+        Raises:
+            ConfigError: if it does not, or there is a state and no sampler to take it.
+        """
+        from stoker.sampling import RankSampler
+
+        check = check or StateCheck("state_dict", _FIX)
+        if saved is None:
+            return None
+        if self.sampler is None:
+            check.fail(
+                key_path(EpochState.KEY_SAMPLER),
+                saved,
+                "None for this loader, whose sampler has no `load_state_dict`",
+            )
+        if isinstance(self.sampler, RankSampler):
+            self.sampler._checked_state(saved, f"{check.name}{key_path(EpochState.KEY_SAMPLER)}")
+        return saved
 
 
 @dataclass
@@ -49,6 +281,25 @@ class EpochState:
     KEY_ITER_EPOCH = "iter_epoch"
     KEY_WORKER_STATES = "worker_states"
     KEY_WORKERS = "workers"
+    KEY_LENGTH = "length"  # the map-style dataset's length (None: none known)
+    KEYS = (
+        KEY_VERSION,
+        KEY_EPOCH,
+        KEY_RNG,
+        KEY_SAMPLER,
+        KEY_DELIVERED,
+        KEY_FINISHED,
+        KEY_BASE_SEED,
+        KEY_ITER_EPOCH,
+        KEY_WORKER_STATES,
+        KEY_WORKERS,
+        KEY_LENGTH,
+    )
+    # Written since the first version; the others default when absent (older states).
+    REQUIRED_KEYS = (KEY_VERSION, KEY_EPOCH, KEY_RNG, KEY_DELIVERED, KEY_FINISHED)
+    # Keys of the saved ``delivered`` dictionary: batches 0..prefix-1, and the others.
+    KEY_PREFIX = "prefix"
+    KEY_REST = "rest"
 
     epoch: int
     rng: torch.Tensor | None
@@ -102,17 +353,14 @@ class EpochState:
         return None
 
     def restore_sampler(self, sampler: Any) -> None:
-        if self.sampler is None:
-            return
-        for obj in (sampler, getattr(sampler, "sampler", None)):
-            fn = getattr(obj, "load_state_dict", None)
-            if callable(fn):
-                fn(self.sampler)
-                return
+        target = _loads_state(sampler)
+        if self.sampler is not None and target is not None:
+            target.load_state_dict(self.sampler)
 
     # -- (de)serialisation -----------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, length: int | None = None) -> dict[str, Any]:
+        """The saved dictionary; ``length``: the map-style dataset's (None: none known)."""
         ahead = set(self.in_flight()) if self.in_flight is not None else set()
         ordered = sorted(self.delivered - ahead)
         prefix = 0
@@ -124,12 +372,13 @@ class EpochState:
             self.KEY_RNG: self.rng,
             self.KEY_SAMPLER: self.sampler,
             # A prefix count plus the out-of-order rest keeps in-order states tiny.
-            self.KEY_DELIVERED: {"prefix": prefix, "rest": ordered[prefix:]},
+            self.KEY_DELIVERED: {self.KEY_PREFIX: prefix, self.KEY_REST: ordered[prefix:]},
             self.KEY_FINISHED: self.finished and not ahead,
             self.KEY_BASE_SEED: self.base_seed,
             self.KEY_ITER_EPOCH: self.iter_epoch,
             self.KEY_WORKER_STATES: dict(self.worker_states),
             self.KEY_WORKERS: self.workers,
+            self.KEY_LENGTH: length,
         }
 
     def after(self, rng_now: torch.Tensor, persistent: bool) -> EpochState:
@@ -145,37 +394,96 @@ class EpochState:
         return EpochState(epoch=self.epoch + 1, rng=rng_now)
 
     @classmethod
-    def from_dict(cls, state: Any) -> EpochState:
-        """Validate a dictionary made by :meth:`to_dict`.
+    def from_dict(cls, state: Any, target: ResumeTarget) -> EpochState:
+        """Check a dictionary made by :meth:`to_dict` against the loader it is loaded into.
+
+        Nothing is changed, whatever ``state`` holds, and nothing allocated grows with a
+        number it claims: delivered batches are bounded by ``target.batches`` (or
+        :data:`UNSIZED_BATCHES_LIMIT`).
 
         Raises:
-            ConfigError: if ``state`` is not such a dictionary.
+            ConfigError: if ``state`` is not such a dictionary (a key unknown or missing, a
+                value of the wrong type or out of range), or was saved over a dataset of
+                another length. The message names the key, the value found and the fix.
         """
-        keys = (cls.KEY_VERSION, cls.KEY_EPOCH, cls.KEY_RNG, cls.KEY_DELIVERED, cls.KEY_FINISHED)
-        if not isinstance(state, dict) or any(k not in state for k in keys):
+        check = StateCheck("state_dict", _FIX)
+        writer = "stoker.DataLoader.state_dict()"
+        check.mapping(state, "", cls.KEYS, cls.REQUIRED_KEYS, writer)
+        version = state[cls.KEY_VERSION]
+        if not isinstance(version, int) or isinstance(version, bool) or version != _VERSION:
             raise ConfigError(
-                "`state_dict` must be a dictionary returned by `stoker.DataLoader.state_dict()`"
-                f". Found: {type(state).__name__} with keys "
-                f"{sorted(state) if isinstance(state, dict) else '-'}."
+                f"This loader state has version {shown(version)}; this stoker reads version "
+                f"{_VERSION}. Resume with the stoker version that saved it."
             )
-        if state[cls.KEY_VERSION] != _VERSION:
-            raise ConfigError(
-                f"This loader state has version {state[cls.KEY_VERSION]!r}; this stoker reads "
-                f"version {_VERSION}. Resume with the stoker version that saved it."
-            )
-        delivered = state[cls.KEY_DELIVERED]
-        done = set(range(int(delivered["prefix"]))) | {int(i) for i in delivered["rest"]}
-        return cls(
-            epoch=int(state[cls.KEY_EPOCH]),
-            rng=state[cls.KEY_RNG],
-            sampler=state.get(cls.KEY_SAMPLER),
-            delivered=done,
-            finished=bool(state[cls.KEY_FINISHED]),
-            base_seed=state.get(cls.KEY_BASE_SEED),
-            iter_epoch=int(state.get(cls.KEY_ITER_EPOCH, 0)),
-            worker_states={int(k): v for k, v in state.get(cls.KEY_WORKER_STATES, {}).items()},
-            workers=int(state.get(cls.KEY_WORKERS, 0)),
+        length = state.get(cls.KEY_LENGTH)
+        if length is not None:
+            check.integer(length, key_path(cls.KEY_LENGTH), 0, COUNT_LIMIT)
+            if length != target.length:
+                now = "no length" if target.length is None else f"{target.length} samples"
+                raise ConfigError(
+                    f"This loader state was saved over a dataset of {length} samples; this "
+                    f"loader's dataset has {now}. Resume with the dataset the state was saved "
+                    "over (a resumed epoch's order depends on the dataset's length)."
+                )
+        epoch = check.integer(state[cls.KEY_EPOCH], key_path(cls.KEY_EPOCH), 0, COUNT_LIMIT)
+        finished = check.flag(state[cls.KEY_FINISHED], key_path(cls.KEY_FINISHED))
+        rng = target.check_rng(check, state[cls.KEY_RNG])
+        base_seed = state.get(cls.KEY_BASE_SEED)
+        if base_seed is not None:
+            base_seed = check.integer(base_seed, key_path(cls.KEY_BASE_SEED), 0, _SEED_LIMIT)
+        iter_epoch = check.integer(
+            state.get(cls.KEY_ITER_EPOCH, 0), key_path(cls.KEY_ITER_EPOCH), 0, COUNT_LIMIT
         )
+        workers = check.integer(
+            state.get(cls.KEY_WORKERS, 0), key_path(cls.KEY_WORKERS), 0, COUNT_LIMIT
+        )
+        return cls(
+            epoch=epoch,
+            rng=rng,
+            sampler=target.check_sampler(state.get(cls.KEY_SAMPLER), check),
+            delivered=cls._check_delivered(check, state[cls.KEY_DELIVERED], target.batches),
+            finished=finished,
+            base_seed=base_seed,
+            iter_epoch=iter_epoch,
+            worker_states=cls._check_worker_states(
+                check, state.get(cls.KEY_WORKER_STATES, {}), workers
+            ),
+            workers=workers,
+        )
+
+    @classmethod
+    def _check_delivered(cls, check: StateCheck, saved: Any, batches: int | None) -> set[int]:
+        path = key_path(cls.KEY_DELIVERED)
+        keys = (cls.KEY_PREFIX, cls.KEY_REST)
+        check.mapping(saved, path, keys, keys, "stoker.DataLoader.state_dict()")
+        if batches is None:
+            batches = UNSIZED_BATCHES_LIMIT
+            why = ": the most a loader whose epoch has no length resumes"
+        else:
+            why = ": the batches in an epoch of this loader"
+        prefix = check.integer(
+            saved[cls.KEY_PREFIX], key_path(cls.KEY_DELIVERED, cls.KEY_PREFIX), 0, batches, why
+        )
+        rest = saved[cls.KEY_REST]
+        rest_path = key_path(cls.KEY_DELIVERED, cls.KEY_REST)
+        if not isinstance(rest, (list, tuple)) or len(rest) > batches:
+            check.fail(rest_path, rest, f"a list of at most {batches} batch indices{why}")
+        for i, index in enumerate(rest):
+            check.integer(index, f"{rest_path}[{i}]", 0, batches - 1, why)
+        return set(range(prefix)).union(rest)
+
+    @classmethod
+    def _check_worker_states(cls, check: StateCheck, saved: Any, workers: int) -> dict[int, Any]:
+        """Worker id -> dataset state (opaque: the dataset's own ``load_state_dict`` reads it);
+        ids below the saving loader's ``workers`` (0 for ``num_workers=0``)."""
+        path = key_path(cls.KEY_WORKER_STATES)
+        ids = max(workers, 1)
+        if not isinstance(saved, dict) or len(saved) > ids:
+            check.fail(path, saved, f"a dictionary of at most {ids} worker states")
+        for wid in saved:
+            if not isinstance(wid, int) or isinstance(wid, bool) or not 0 <= wid < ids:
+                check.fail(path, saved, f"a dictionary keyed by worker ids in [0, {ids - 1}]")
+        return dict(saved)
 
 
 def warn_fast_forward(batches: int, why: str) -> None:

@@ -413,16 +413,17 @@ class DataLoader(tud.DataLoader):
         Returns:
             A dictionary of plain values and tensors (picklable, ``torch.save``-able).
         """
-        if self._resume_state is not None:  # restored, not iterated yet: still that state
-            return self._resume_state.to_dict()
+        from stoker._resume import map_length
+
         state = self._epoch_state
-        if state is None:
-            fresh = EpochState(self._epochs_started, EpochState.capture_rng(self.generator))
-            return fresh.to_dict()
-        if state.finished:
+        if self._resume_state is not None:  # restored, not iterated yet: still that state
+            state = self._resume_state
+        elif state is None:
+            state = EpochState(self._epochs_started, EpochState.capture_rng(self.generator))
+        elif state.finished:
             rng = EpochState.capture_rng(self.generator)
-            return state.after(rng, persistent=bool(self.persistent_workers)).to_dict()
-        return state.to_dict()
+            state = state.after(rng, persistent=bool(self.persistent_workers))
+        return state.to_dict(length=map_length(self.dataset))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``iter(loader)`` continues that epoch.
@@ -430,16 +431,28 @@ class DataLoader(tud.DataLoader):
         With ``generator=None`` the resumed epoch restores torch's global random state as it
         was at that epoch's start (pass a ``generator`` to keep the global state untouched).
 
+        The state is checked whole before anything changes, as untrusted input: a loader given
+        a bad one is left as it was.
+
         Raises:
-            ConfigError: if ``state_dict`` was not made by :meth:`state_dict`.
+            ConfigError: if ``state_dict`` was not made by :meth:`state_dict` (a key unknown or
+                missing, a value of the wrong type or out of range for this loader), or by a
+                loader over a dataset of another length. The message names the key, the value
+                found and the fix.
         """
-        state = EpochState.from_dict(state_dict)
+        from stoker._resume import ResumeTarget
+
+        target = ResumeTarget.of(self)
+        state = EpochState.from_dict(state_dict, target)
         if state.finished:
             state = EpochState(state.epoch + 1, None)
         if self.distributed:  # saved at another world size: re-partition what is left
             from stoker._distributed import elastic_resume
 
-            state = elastic_resume(state, self)
+            converted = elastic_resume(state, self)
+            if converted is not state:  # its sampler state counts the batches delivered
+                target.check_sampler(converted.sampler)
+            state = converted
         self._resume_state = state
         self._epochs_started = state.epoch
 

@@ -37,6 +37,7 @@ from stoker._partition import (
     shard_order,
     share_size,
 )
+from stoker._resume import COUNT_LIMIT, StateCheck, key_path, shown
 from stoker.errors import ConfigError
 
 __all__ = ["Layout", "RankSampler", "World", "partition", "rank_positions", "shard_order"]
@@ -44,6 +45,8 @@ __all__ = ["Layout", "RankSampler", "World", "partition", "rank_positions", "sha
 WorldSource = Literal["process_group", "environment", "single"]
 
 _STATE_VERSION = 1
+# World sizes a saved state may name: beyond the largest jobs (resuming loops over the ranks).
+_WORLD_SIZE_LIMIT = 1 << 17
 
 
 # -- the world -------------------------------------------------------------------------------
@@ -177,6 +180,18 @@ class RankSampler(tud.Sampler[int]):
     KEY_REMAINING = "remaining"
     KEY_WORLD_SIZE = "world_size"
     KEY_CONSUMED = "consumed"
+    STATE_KEYS = (
+        KEY_VERSION,
+        KEY_LENGTH,
+        KEY_SEED,
+        KEY_SHUFFLE,
+        KEY_PAD,
+        KEY_LAYOUT,
+        KEY_EPOCH,
+        KEY_REMAINING,
+        KEY_WORLD_SIZE,
+        KEY_CONSUMED,
+    )
 
     def __init__(
         self,
@@ -365,28 +380,33 @@ class RankSampler(tud.Sampler[int]):
         partitioned over the current world.
 
         Raises:
-            ConfigError: if ``state`` is not a sampler state, or was saved for a different
-                dataset length, seed, shuffle, padding or shard layout.
+            ConfigError: if ``state`` is not a sampler state (a key unknown or missing, a value
+                of the wrong type or out of range), or was saved for a different dataset
+                length, seed, shuffle, padding or shard layout. The sampler is unchanged then.
         """
-        keys = (
-            self.KEY_VERSION,
-            self.KEY_LENGTH,
-            self.KEY_SEED,
-            self.KEY_EPOCH,
-            self.KEY_REMAINING,
-            self.KEY_WORLD_SIZE,
-            self.KEY_CONSUMED,
-        )
-        if not isinstance(state, dict) or any(k not in state for k in keys):
+        epoch, remaining, world_size, consumed = self._checked_state(state)
+        remaining = consume(remaining, world_size, consumed, pad=self.pad, layout=self.layout)
+        self._epoch = epoch
+        self._pinned = False
+        self._running = None
+        self._remaining = remaining
+
+    def _checked_state(
+        self, state: Any, name: str = "state"
+    ) -> tuple[int, list[tuple[int, int]], int, int]:
+        """``(epoch, remaining ranges, world size, consumed)`` of a state this sampler can
+        resume from; changes nothing. ``name`` is the state's name in messages.
+
+        Raises:
+            ConfigError: as :meth:`load_state_dict`.
+        """
+        check = StateCheck(name, "Pass the state saved by a `RankSampler` over the same dataset.")
+        check.mapping(state, "", self.STATE_KEYS, self.STATE_KEYS, "RankSampler.state_dict()")
+        version = state[self.KEY_VERSION]
+        if not isinstance(version, int) or isinstance(version, bool) or version != _STATE_VERSION:
             raise ConfigError(
-                "`state` must be a dictionary returned by `RankSampler.state_dict()`. Found: "
-                f"{type(state).__name__}"
-                + (f" with keys {sorted(state)}." if isinstance(state, dict) else ".")
-            )
-        if state[self.KEY_VERSION] != _STATE_VERSION:
-            raise ConfigError(
-                f"This sampler state has version {state[self.KEY_VERSION]!r}; this stoker reads "
-                f"version {_STATE_VERSION}. Resume with the stoker version that saved it."
+                f"This sampler state has version {shown(version)}; this stoker reads version "
+                f"{_STATE_VERSION}. Resume with the stoker version that saved it."
             )
         mine = {
             self.KEY_LENGTH: self.length,
@@ -395,18 +415,48 @@ class RankSampler(tud.Sampler[int]):
             self.KEY_PAD: self.pad,
             self.KEY_LAYOUT: self.layout,
         }
-        diffs = [f"{k} saved {state[k]!r}, now {v!r}" for k, v in mine.items() if state.get(k) != v]
+        for key, value in mine.items():  # of the same type before they are compared
+            saved = state[key]
+            if isinstance(value, bool):
+                same, need = isinstance(saved, bool), "True or False"
+            elif isinstance(value, int):
+                same, need = isinstance(saved, int) and not isinstance(saved, bool), "an int"
+            else:
+                same, need = isinstance(saved, str), "a string"
+            if not same:
+                check.fail(key_path(key), saved, f"{need} ({value!r} here)")
+        diffs = [
+            f"{k} saved {shown(state[k])}, now {v!r}" for k, v in mine.items() if state[k] != v
+        ]
         if diffs:
             raise ConfigError(
                 "Cannot resume this sampler from a state saved with different settings: "
                 + "; ".join(diffs)
                 + ". Resume with the same dataset and `seed`, `shuffle`, `pad` settings."
             )
-        self._epoch = int(state[self.KEY_EPOCH])
-        self._pinned = False
-        self._running = None
-        self._remaining = [(int(a), int(b)) for a, b in state[self.KEY_REMAINING]]
-        self._consume(int(state[self.KEY_WORLD_SIZE]), int(state[self.KEY_CONSUMED]))
+        epoch = check.integer(state[self.KEY_EPOCH], key_path(self.KEY_EPOCH), 0, COUNT_LIMIT)
+        world_size = check.integer(
+            state[self.KEY_WORLD_SIZE], key_path(self.KEY_WORLD_SIZE), 1, _WORLD_SIZE_LIMIT
+        )
+        # A count beyond a rank's share means the whole share (see `consume`).
+        consumed = check.integer(
+            state[self.KEY_CONSUMED], key_path(self.KEY_CONSUMED), 0, COUNT_LIMIT
+        )
+        ranges = state[self.KEY_REMAINING]
+        path = key_path(self.KEY_REMAINING)
+        need = f"a list of [start, stop] ranges, sorted and disjoint, within [0, {self.length}]"
+        if not isinstance(ranges, (list, tuple)) or len(ranges) > self.length:
+            check.fail(path, ranges, need)
+        remaining: list[tuple[int, int]] = []
+        low = 0
+        for i, pair in enumerate(ranges):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                check.fail(f"{path}[{i}]", pair, f"a [start, stop] pair: {need}")
+            start = check.integer(pair[0], f"{path}[{i}][0]", low, self.length - 1, f": {need}")
+            stop = check.integer(pair[1], f"{path}[{i}][1]", start + 1, self.length, f": {need}")
+            remaining.append((start, stop))
+            low = stop
+        return epoch, remaining, world_size, consumed
 
     def __repr__(self) -> str:
         return (
