@@ -12,6 +12,7 @@ import torch.utils.data as tud
 
 from stoker.shards._decode import Decode, make_decoder, select_fields
 from stoker.shards._index import ShardIndex, read_index
+from stoker.shards._limits import MAX_IMAGE_PIXELS
 from stoker.shards._reader import ShardReader, Verify
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ class ShardDataset(tud.Dataset[Any]):
         transform: applied last to each sample. Default ``None``.
         verify: ``"lazy"`` (default: hash each shard on first touch in each process),
             ``"full"`` (hash every shard now) or ``"off"``.
+        max_image_pixels: with ``decode``, images declaring more pixels are refused before
+            decoding, with a ``ShardError``. Default 89,478,485, Pillow's own threshold
+            (Pillow's process-wide setting is neither read nor changed); ``None`` for no limit.
 
     Raises:
         IncompleteShardsError: if the directory has no complete index; the message names
@@ -59,11 +63,12 @@ class ShardDataset(tud.Dataset[Any]):
         fields: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
         verify: Verify = "lazy",
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
         self.path = Path(path)
         self.index: ShardIndex = read_index(self.path)
         self._decode_arg = decode
-        self._decode = make_decoder(decode)
+        self._decode = make_decoder(decode, max_image_pixels=max_image_pixels)
         self._fields = tuple(fields) if fields is not None else None
         self._transform = transform
         counts = np.array([s.samples for s in self.index.shards], dtype=np.int64)

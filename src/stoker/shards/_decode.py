@@ -3,127 +3,209 @@
 A sample is a dict ``{"__key__": str, ext: bytes-like, ...}``. :func:`make_decoder` turns a
 ``decode=`` argument into a function applied to each sample; the extension's last part picks
 the decoder (``"seg.png"`` is decoded as a PNG), as WebDataset does.
+
+Members may come from a dataset someone else made, so an extension is an allow-list, not a
+hint: a ``.jpg`` is parsed by Pillow's JPEG plugin and by nothing else (a ``.jpg`` holding
+PostScript never reaches Ghostscript; a ``.png`` holding a JPEG is an error, not a JPEG), an
+image declaring more than ``max_image_pixels`` is refused from its header, an ``.npy`` header
+must match the bytes that follow it, and pickled members (``pth pt pickle pkl pyd``) stay
+bytes unless a ``decode`` mapping names their extension. Whatever a built-in decoder raises on
+bad bytes comes out as a :class:`ShardError` naming the field.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
-import numpy as np
-
 from stoker.errors import ConfigError
-from stoker.shards._encode import IMAGE_EXTS, last_ext
+from stoker.shards._encode import last_ext
+from stoker.shards._errors import ShardError
+from stoker.shards._formats import (
+    IMAGE_FORMATS,
+    PICKLE_EXTS,
+    ImageMode,
+    decode_image,
+    load_npy,
+    load_torch,
+    require_safe_torch,
+)
+from stoker.shards._limits import MAX_IMAGE_PIXELS, check_limit_arg
 
 __all__ = ["Decode", "ImageMode", "decode_field", "decode_sample", "make_decoder", "select_fields"]
 
-ImageMode = Literal["pil", "numpy", "torch"]
 _IMAGE_MODES: tuple[str, ...] = get_args(ImageMode)
 Sample = dict[str, Any]
 # None: zero-copy memoryviews; "bytes": copies; an ImageMode: decode every known field, images
-# into that type; a callable: called with the raw sample; a mapping: ext -> callable(bytes).
+# into that type; a callable: called with the raw sample; a mapping: ext -> callable(bytes), or
+# ext -> ImageMode for stoker's own decoder of that extension (the way to unpickle `pth`).
 Decode = (
     None
     | Literal["bytes", "pil", "numpy", "torch"]
     | Callable[[Sample], Any]
-    | Mapping[str, Callable[[Any], Any]]
+    | Mapping[str, Callable[[Any], Any] | ImageMode]
 )
 
-
-def _image(data: Any, mode: ImageMode) -> Any:
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(data))
-    image.load()
-    if mode == "pil":
-        return image
-    array = np.array(image.convert("RGB") if image.mode not in ("RGB", "L") else image)
-    if mode == "numpy":
-        return array
-    import torch
-
-    tensor = torch.from_numpy(array)
-    return tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1).contiguous()
+_LABELS = ("cls", "cls2", "index", "id")
+_TEXTS = ("txt", "text")
 
 
-def decode_field(ext: str, data: Any, *, image: ImageMode = "pil") -> Any:
-    """Decode one member's bytes by its extension.
+def _what(kind: str) -> str:
+    if kind in _LABELS:
+        return "an integer label"
+    if kind in _TEXTS:
+        return "UTF-8 text"
+    if kind in PICKLE_EXTS:
+        return "a torch.save archive"
+    if kind in IMAGE_FORMATS:
+        return f"a {IMAGE_FORMATS[kind]} image"
+    return kind
+
+
+def _decode(
+    ext: str,
+    data: Any,
+    *,
+    image: ImageMode,
+    max_pixels: int | None,
+    pickles: bool,
+    where: str,
+) -> Any:
+    kind = last_ext(ext)
+    try:
+        if kind in _LABELS:
+            return int(bytes(data))
+        if kind in _TEXTS:
+            return bytes(data).decode("utf-8")
+        if kind == "json":
+            return json.loads(bytes(data))
+        if kind == "npy":
+            return load_npy(data, where)
+        if kind in PICKLE_EXTS:
+            return load_torch(data, kind, where) if pickles else bytes(data)
+        if kind in IMAGE_FORMATS:
+            return decode_image(data, kind, image, max_pixels, where)
+        return bytes(data)
+    except (ShardError, ConfigError):
+        raise
+    except Exception as exc:  # a parser's complaint about the bytes, whatever its type
+        size = f" ({len(data)} bytes)" if hasattr(data, "__len__") else ""
+        raise ShardError(
+            f"{where}{size} cannot be decoded as {_what(kind)}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def decode_field(
+    ext: str,
+    data: Any,
+    *,
+    image: ImageMode = "pil",
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> Any:
+    """Decode one member's bytes by its extension, and only as the format it names.
 
     Args:
         ext: the member's extension; its last part picks the decoder.
         data: the bytes (``bytes`` or a ``memoryview``).
         image: what images become: ``"pil"`` (default) a ``PIL.Image``, ``"numpy"`` an HWC
             ``uint8`` array, ``"torch"`` a CHW ``uint8`` tensor.
+        max_image_pixels: images declaring more pixels are refused before decoding. Default
+            89,478,485, Pillow's own threshold (Pillow's process-wide setting is neither read
+            nor changed); ``None`` for no limit.
 
     Returns:
         ``int`` for ``cls``/``cls2``/``index``/``id``, ``str`` for ``txt``/``text``, the object
-        for ``json``, an array for ``npy`` (``allow_pickle=False``), the object for ``pth``
-        (``weights_only=True``), an image for image extensions; ``bytes`` for anything else
-        (pickles are never unpickled implicitly).
+        for ``json``, an array for ``npy`` (``allow_pickle=False``), an image for ``jpg jpeg
+        png ppm pgm pbm pnm bmp tif tiff webp``; ``bytes`` for anything else, pickles included
+        (``pth pt pickle pkl pyd`` are decoded only when a ``decode`` mapping names them).
+
+    Raises:
+        ShardError: if the bytes are not what the extension names (an image of another
+            format included), or an image is over ``max_image_pixels``.
     """
-    kind = last_ext(ext)
-    if kind in ("cls", "cls2", "index", "id"):
-        return int(bytes(data))
-    if kind in ("txt", "text"):
-        return bytes(data).decode("utf-8")
-    if kind == "json":
-        return json.loads(bytes(data))
-    if kind == "npy":
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    if kind == "pth":
-        import torch
-
-        return torch.load(io.BytesIO(data), weights_only=True)
-    if kind in IMAGE_EXTS:
-        return _image(data, image)
-    return bytes(data)
+    check_limit_arg("max_image_pixels", max_image_pixels)
+    return _decode(
+        ext,
+        data,
+        image=image,
+        max_pixels=max_image_pixels,
+        pickles=False,
+        where=f"field {ext!r}",
+    )
 
 
-def decode_sample(sample: Mapping[str, Any], *, image: ImageMode = "pil") -> Sample:
+def decode_sample(
+    sample: Mapping[str, Any],
+    *,
+    image: ImageMode = "pil",
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> Sample:
     """Decode every field of a sample (keys starting with ``__`` pass through).
 
     Args:
         sample: ``{"__key__": ..., ext: bytes-like, ...}``.
         image: see :func:`decode_field`. Default ``"pil"``.
+        max_image_pixels: see :func:`decode_field`. Default 89,478,485.
 
     Returns:
         A new dict with decoded values.
+
+    Raises:
+        ShardError: as :func:`decode_field`, naming the sample's key.
     """
-    return {
-        k: v if k.startswith("__") else decode_field(k, v, image=image) for k, v in sample.items()
-    }
+    check_limit_arg("max_image_pixels", max_image_pixels)
+    return _ImageDecoder(image, max_image_pixels)(sample)
 
 
 def _copy(sample: Mapping[str, Any]) -> Sample:
     return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
 
 
-def make_decoder(decode: Decode) -> Callable[[Sample], Any] | None:
+def make_decoder(
+    decode: Decode, *, max_image_pixels: int | None = MAX_IMAGE_PIXELS
+) -> Callable[[Sample], Any] | None:
     """Turn a ``decode=`` argument into a per-sample function.
 
     Args:
         decode: ``None`` (zero-copy memoryviews: no function), ``"bytes"``, ``"pil"``,
             ``"numpy"``, ``"torch"``, a callable taking the raw sample, or a mapping from
-            extension (last part) to a callable taking the member's bytes; extensions the
-            mapping does not name are decoded by :func:`decode_field` with PIL images.
+            extension (last part) to a callable taking the member's bytes or to ``"pil"``,
+            ``"numpy"`` or ``"torch"`` (stoker's own decoder for that extension, images into
+            that type); extensions the mapping does not name are decoded by
+            :func:`decode_field` with PIL images. Pickled extensions (``pth pt pickle pkl
+            pyd``) are unpickled only when the mapping names them with a mode, and then only
+            as torch.save archives, by ``torch.load(weights_only=True, map_location="cpu")``.
+        max_image_pixels: see :func:`decode_field`; applies to stoker's own decoders. Default
+            89,478,485.
 
     Returns:
         The function, or ``None`` for raw samples.
 
     Raises:
-        ConfigError: for any other value.
+        ConfigError: for any other value, or a mapping that asks to unpickle on a torch older
+            than ``stoker.shards._formats.SAFE_TORCH_LOAD`` (2.10).
     """
+    max_pixels = check_limit_arg("max_image_pixels", max_image_pixels)
     if decode is None:
         return None
     if decode == "bytes":
         return _copy
     if isinstance(decode, str) and decode in _IMAGE_MODES:
         mode: ImageMode = decode
-        return _ImageDecoder(mode)
+        return _ImageDecoder(mode, max_pixels)
     if isinstance(decode, Mapping):
-        return _MappingDecoder(dict(decode))
+        table = dict(decode)
+        for ext, spec in table.items():
+            if isinstance(spec, str) and spec in _IMAGE_MODES:
+                if last_ext(ext) in PICKLE_EXTS:
+                    require_safe_torch(ext)
+            elif not callable(spec):
+                raise ConfigError(
+                    f"`decode[{ext!r}]` must be a callable taking the bytes, or 'pil', 'numpy' "
+                    f"or 'torch' for stoker's own decoder. Found: {spec!r}."
+                )
+        return _MappingDecoder(table, max_pixels)
     if callable(decode):
         return decode
     raise ConfigError(
@@ -134,25 +216,53 @@ def make_decoder(decode: Decode) -> Callable[[Sample], Any] | None:
 
 class _ImageDecoder:
     # A class, not a closure, so that datasets holding it pickle for spawn workers.
-    def __init__(self, mode: ImageMode) -> None:
+    def __init__(self, mode: ImageMode, max_pixels: int | None) -> None:
         self.mode = mode
+        self.max_pixels = max_pixels
 
-    def __call__(self, sample: Sample) -> Sample:
-        return decode_sample(sample, image=self.mode)
+    def __call__(self, sample: Mapping[str, Any]) -> Sample:
+        key = sample.get("__key__")
+        return {
+            k: v
+            if k.startswith("__")
+            else _decode(
+                k,
+                v,
+                image=self.mode,
+                max_pixels=self.max_pixels,
+                pickles=False,
+                where=f"sample {key!r} field {k!r}",
+            )
+            for k, v in sample.items()
+        }
 
 
 class _MappingDecoder:
-    def __init__(self, table: dict[str, Callable[[Any], Any]]) -> None:
+    def __init__(
+        self, table: dict[str, Callable[[Any], Any] | ImageMode], max_pixels: int | None
+    ) -> None:
         self.table = table
+        self.max_pixels = max_pixels
 
     def __call__(self, sample: Sample) -> Sample:
         out: Sample = {}
+        key = sample.get("__key__")
         for k, v in sample.items():
-            fn = self.table.get(last_ext(k)) or self.table.get(k)
             if k.startswith("__"):
                 out[k] = v
-            else:
-                out[k] = fn(v) if fn is not None else decode_field(k, v)
+                continue
+            spec = self.table.get(last_ext(k)) or self.table.get(k)
+            if spec is not None and not isinstance(spec, str):
+                out[k] = spec(v)
+                continue
+            out[k] = _decode(
+                k,
+                v,
+                image=spec or "pil",
+                max_pixels=self.max_pixels,
+                pickles=spec is not None,
+                where=f"sample {key!r} field {k!r}",
+            )
         return out
 
 

@@ -9,6 +9,10 @@ LMDB layout: records are read in key order; a key ``"{sample}.{ext}"`` is member
 sample ``sample`` (WebDataset's convention, so consecutive records form a sample), a key
 without a dot is a one-member sample with extension ``bin``; keys starting with ``__`` (such
 as ``__len__``) are metadata and skipped.
+
+Both read files someone else may have made: an LMDB key that would be an unsafe file name is
+refused, as are HDF5 datasets whose bytes live outside the file (see ``_hdf5_checks``), and a
+sample over ``max_sample_bytes`` is refused before its bytes are copied.
 """
 
 from __future__ import annotations
@@ -23,6 +27,20 @@ import torch.utils.data as tud
 
 from stoker.shards._decode import Decode, make_decoder, select_fields
 from stoker.shards._errors import ShardError
+from stoker.shards._hdf5_checks import (
+    check_path_links,
+    check_row_bytes,
+    check_storage,
+    check_tree_links,
+    is_variable_length,
+)
+from stoker.shards._limits import (
+    MAX_IMAGE_PIXELS,
+    MAX_SAMPLE_BYTES,
+    check_limit_arg,
+    check_member_name,
+    check_sample_bytes,
+)
 from stoker.shards._tar import split_name
 
 __all__ = ["HDF5Dataset", "LMDBDataset", "hdf5_fields"]
@@ -31,12 +49,15 @@ LMDB_MAP_SIZE = 1 << 40
 RAW_EXT = "bin"
 
 
-def _group_lmdb_keys(keys: Sequence[bytes]) -> list[tuple[str, tuple[tuple[str, bytes], ...]]]:
+def _group_lmdb_keys(
+    keys: Sequence[bytes], where: str
+) -> list[tuple[str, tuple[tuple[str, bytes], ...]]]:
     samples: list[tuple[str, list[tuple[str, bytes]]]] = []
     for raw in keys:
         text = raw.decode("utf-8", "surrogateescape")
         if text.startswith("__"):
             continue
+        check_member_name(text, where)
         split = split_name(text)
         key, ext = split if split is not None else (text, RAW_EXT)
         if samples and samples[-1][0] == key:
@@ -100,9 +121,16 @@ class LMDBDataset(tud.Dataset[Any]):
         fields: return a tuple of these fields instead of a dict (``"jpg;png"`` takes either).
             Default ``None``.
         transform: applied to each sample after decoding. Default ``None``.
+        max_image_pixels: images declaring more pixels are refused before decoding. Default
+            Pillow's own threshold (``stoker.shards.MAX_IMAGE_PIXELS``, 89,478,485); ``None``
+            for no limit.
+        max_sample_bytes: a sample whose records take more bytes is refused before they are
+            copied. Default 256 MiB; ``None`` for no limit.
 
     Raises:
-        ShardError: if the environment cannot be opened.
+        ShardError: if the environment cannot be opened, or a key would be an unsafe file name
+            (absolute, with a ``..`` component or a NUL).
+        ConfigError: for a bad ``decode`` or limit.
     """
 
     def __init__(
@@ -112,10 +140,15 @@ class LMDBDataset(tud.Dataset[Any]):
         decode: Decode = "bytes",
         fields: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         self.path = str(path)
         self._subdir = Path(path).is_dir()
-        self._decode = make_decoder("bytes" if decode is None else decode)
+        self._decode = make_decoder(
+            "bytes" if decode is None else decode, max_image_pixels=max_image_pixels
+        )
+        self._max_bytes = check_limit_arg("max_sample_bytes", max_sample_bytes)
         self._fields = tuple(fields) if fields is not None else None
         self._transform = transform
         self._env: Any = None
@@ -126,7 +159,7 @@ class LMDBDataset(tud.Dataset[Any]):
                 keys = list(txn.cursor().iternext(keys=True, values=False))
         finally:
             _lmdb_release(self.path)
-        self._samples = _group_lmdb_keys(keys)
+        self._samples = _group_lmdb_keys(keys, f"LMDB environment {self.path}")
 
     def _open(self) -> Any:
         return _lmdb_acquire(self.path, self._subdir)
@@ -140,17 +173,32 @@ class LMDBDataset(tud.Dataset[Any]):
         return len(self._samples)
 
     def raw(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` as ``{"__key__": key, ext: bytes, ...}`` without decoding."""
+        """Sample ``index`` as ``{"__key__": key, ext: bytes, ...}`` without decoding.
+
+        Raises:
+            ShardError: if a record vanished, or the sample's records take more than
+                ``max_sample_bytes``.
+        """
         key, members = self._samples[index]
         sample: dict[str, Any] = {"__key__": key}
-        with self._handle().begin() as txn:
+        # buffers=True: views into the map, so that sizes are checked before anything is copied.
+        with self._handle().begin(buffers=True) as txn:
+            views = []
             for ext, dbkey in members:
-                value = txn.get(dbkey)
-                if value is None:
+                view = txn.get(dbkey)
+                if view is None:
                     raise ShardError(
                         f"{self.path}: record {dbkey!r} vanished since the dataset was opened"
                     )
-                sample[ext] = value
+                views.append((ext, view))
+            check_sample_bytes(
+                f"LMDB sample {key!r} of {self.path} (records "
+                f"{', '.join(repr(dbkey) for _, dbkey in members)})",
+                sum(len(v) for _, v in views),
+                self._max_bytes,
+            )
+            for ext, view in views:
+                sample[ext] = bytes(view)
         return sample
 
     def __getitem__(self, index: int) -> Any:
@@ -179,14 +227,20 @@ class LMDBDataset(tud.Dataset[Any]):
             pass
 
 
-def hdf5_fields(file: Any) -> dict[str, Any]:
+def hdf5_fields(file: Any, *, allow_external: bool = False) -> dict[str, Any]:
     """Every dataset of an open h5py file by path, provided they share a first dimension.
 
+    Only datasets reached through the file's own groups are listed (soft and external links are
+    not followed); unless ``allow_external``, a file holding any link into another file is
+    refused.
+
     Raises:
-        ShardError: if the datasets disagree on their length.
+        ShardError: if the datasets disagree on their length, or the file links elsewhere.
     """
     import h5py
 
+    if not allow_external:
+        check_tree_links(file)
     found: dict[str, Any] = {}
 
     def visit(name: str, obj: Any) -> None:
@@ -203,6 +257,15 @@ def hdf5_fields(file: Any) -> dict[str, Any]:
     return found
 
 
+def _value_bytes(value: Any) -> int:
+    """Bytes a read value holds (variable-length rows: bytes, str, arrays of arrays)."""
+    if isinstance(value, bytes | str):
+        return len(value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "O":
+        return sum(_value_bytes(v) for v in value.flat)
+    return int(getattr(value, "nbytes", 0))
+
+
 class HDF5Dataset(tud.Dataset[Any]):
     """Random access to the rows of an HDF5 file: sample ``i`` is row ``i`` of each dataset.
 
@@ -211,12 +274,22 @@ class HDF5Dataset(tud.Dataset[Any]):
         fields: dataset paths to read, in order; a tuple of their rows is returned. Default
             ``None``: every dataset with a first dimension, as a dict ``{path: row}``.
         transform: applied to each sample. Default ``None``.
+        allow_external: read datasets whose bytes live in other files (external storage,
+            virtual datasets, external links). Default ``False``: such a file is refused, as
+            one made by someone else could read your own files into its samples.
+        max_sample_bytes: the most bytes one row (all fields) may take. Fixed-size rows, and
+            the compressed chunks they are read from, are checked from metadata when the file
+            is opened; variable-length values when read. Default 256 MiB; ``None`` for no
+            limit.
 
     Rows come out as numpy arrays (scalars for 1-d datasets); variable-length ``uint8`` rows
     (encoded images) come out as ``bytes`` and strings as ``str``.
 
     Raises:
-        ShardError: if the file cannot be opened, a field is missing or lengths disagree.
+        ShardError: if the file cannot be opened, a field is missing or not a dataset, lengths
+            disagree, a dataset's bytes live outside the file, or a row is over
+            ``max_sample_bytes``.
+        ConfigError: for a bad ``max_sample_bytes``.
     """
 
     def __init__(
@@ -225,22 +298,38 @@ class HDF5Dataset(tud.Dataset[Any]):
         *,
         fields: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        allow_external: bool = False,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
+        import h5py
+
         self.path = str(path)
         self._transform = transform
         self._as_tuple = fields is not None
+        self._max_bytes = check_limit_arg("max_sample_bytes", max_sample_bytes)
         self._file: Any = None
         self._pid = -1
         with self._open() as f:
-            available = hdf5_fields(f) if fields is None else {}
+            available = hdf5_fields(f, allow_external=allow_external) if fields is None else {}
             if fields is not None:
                 for name in fields:
-                    if name not in f:
-                        raise ShardError(f"{self.path} has no dataset {name!r} (fix `fields`).")
-                    available[name] = f[name]
+                    if not allow_external:
+                        check_path_links(f, name)  # before `in` or `[]` could follow one
+                    obj = f.get(name)
+                    if not isinstance(obj, h5py.Dataset):
+                        found = "no" if obj is None else f"a {type(obj).__name__}, not a"
+                        raise ShardError(
+                            f"{self.path} has {found} dataset {name!r} (fix `fields`)."
+                        )
+                    available[name] = obj
                 lengths = {n: ds.shape[0] for n, ds in available.items()}
                 if len(set(lengths.values())) > 1:
                     raise ShardError(f"{self.path}: `fields` have different lengths {lengths}.")
+            if not allow_external:
+                for name, ds in available.items():
+                    check_storage(f, name, ds)
+            self._fixed_bytes = check_row_bytes(f, available, self._max_bytes)
+            self._vlen = tuple(n for n, ds in available.items() if is_variable_length(ds))
             self.fields = tuple(available)
             self._len = next(iter(available.values())).shape[0] if available else 0
 
@@ -261,7 +350,12 @@ class HDF5Dataset(tud.Dataset[Any]):
         return self._len
 
     def row(self, index: int) -> dict[str, Any]:
-        """Row ``index`` of every field as ``{path: value}``."""
+        """Row ``index`` of every field as ``{path: value}``.
+
+        Raises:
+            IndexError: if ``index`` is out of range.
+            ShardError: if its variable-length values take the row over ``max_sample_bytes``.
+        """
         if not -self._len <= index < self._len:
             raise IndexError(f"index {index} out of range for {self._len} rows of {self.path}")
         f = self._handle()
@@ -279,6 +373,12 @@ class HDF5Dataset(tud.Dataset[Any]):
             elif isinstance(value, np.void):
                 value = value.tobytes()
             out[name] = value
+        if self._vlen and self._max_bytes is not None:
+            check_sample_bytes(
+                f"{self.path}: row {index}",
+                self._fixed_bytes + sum(_value_bytes(out[n]) for n in self._vlen),
+                self._max_bytes,
+            )
         return out
 
     def __getitem__(self, index: int) -> Any:
