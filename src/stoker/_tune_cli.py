@@ -8,7 +8,13 @@ __all__ = ["configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("factory", help="`module:factory` returning a map-style Dataset")
+    """Add ``stoker tune``'s arguments to ``parser``."""
+    parser.add_argument(
+        "factory",
+        help="`module:factory`: FACTORY() returns a map-style Dataset. MODULE is imported, "
+        "which runs its top-level code, with the current directory on sys.path while it "
+        "imports (and off it afterwards)",
+    )
     parser.add_argument("-b", "--batch-size", type=int, required=True, help="samples per batch")
     parser.add_argument(
         "--budget",
@@ -24,29 +30,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    """Search, print the rounds and write the configuration; returns the exit status.
 
+    Raises:
+        ConfigError: a usage error (reported by :func:`stoker.cli.main`, status 2).
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    from stoker._console import console
     from stoker._output import check_output_path
+    from stoker._target import call_factory
     from stoker._tune import tune
     from stoker.bench._cli import load_factory
-    from stoker.errors import ConfigError
 
-    console = Console()
-    try:
-        check_output_path(args.output, "--output")
-        factory = load_factory(args.factory)
-        result = tune(
-            factory,
-            args.batch_size,
-            budget_s=args.budget,
-            device=args.device,
-            output=args.output,
-            report=lambda msg: console.print(f"  {msg}", highlight=False),
-        )
-    except ConfigError as exc:
-        console.print(f"[red]stoker tune:[/red] {exc}")
-        return 2
+    out = console()
+    check_output_path(args.output, "--output")
+    dataset = call_factory(load_factory(args.factory, "factory"), args.factory)
+    result = tune(
+        dataset,
+        args.batch_size,
+        budget_s=args.budget,
+        device=args.device,
+        output=args.output,
+        report=lambda msg: out.print(f"  {msg}", markup=False, highlight=False),
+    )
     table = Table(title=f"stoker tune: {len(result.rounds)} rounds in {result.seconds:.0f} s")
     table.add_column("configuration")
     table.add_column("samples/s", justify="right")
@@ -57,13 +65,15 @@ def run(args: argparse.Namespace) -> int:
             if cand not in shown:
                 shown.add(cand)
                 table.add_row(cand.label, f"{rate:,.0f}", f"{r + 1} ({secs:.1f}s)")
-    console.print(table)
-    console.print(
-        f"best: [bold]{result.best.label}[/bold], {result.speedup:.2f}x torch's DataLoader "
-        f"defaults ({result.best_rate:,.0f} vs {result.baseline_rate:,.0f} samples/s); "
-        f"written to {result.config_path}. Use it: "
-        f"`stoker.DataLoader(dataset, batch_size={args.batch_size}, "
-        f'config="{result.config_path}")`.',
-        highlight=False,
+    out.print(table)
+    out.print(
+        Text.assemble(
+            "best: ",
+            (result.best.label, "bold"),
+            f", {result.speedup:.2f}x torch's DataLoader defaults ({result.best_rate:,.0f} vs "
+            f"{result.baseline_rate:,.0f} samples/s); written to {result.config_path}. Use it: "
+            f"`stoker.DataLoader(dataset, batch_size={args.batch_size}, "
+            f'config="{result.config_path}")`.',
+        )
     )
     return 0

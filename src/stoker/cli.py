@@ -6,7 +6,9 @@ Each subcommand lives in its own module, which exposes two functions:
     adds the subcommand's arguments (keep imports here light: ``stoker --help`` imports every
     subcommand module);
 ``run(args: argparse.Namespace) -> int``
-    does the work and returns the process exit status (heavy imports go here).
+    does the work and returns the process exit status, 0 or 1 (heavy imports go here); it
+    raises :class:`stoker.ConfigError` for a usage error, which :func:`main` reports below the
+    subcommand's usage with status 2.
 
 To add a subcommand, add one row to ``_COMMANDS``.
 """
@@ -15,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["USAGE_ERROR", "main"]
+
+#: Exit status of a usage error (argparse's own).
+USAGE_ERROR = 2
 
 # name -> (module, one-line help). Kept in the order `stoker --help` shows them.
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -41,35 +47,87 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``stoker`` parser, and each subcommand's parser by name."""
     from stoker import __version__
 
     parser = argparse.ArgumentParser(
         prog="stoker",
         description="Keep PyTorch training fed: measure, diagnose and fix data loading.",
+        epilog="Exit status: 0 success, 1 the work failed (or found errors), 2 a usage error.",
     )
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands: dict[str, argparse.ArgumentParser] = {}
     for name, (module_name, help_text) in _COMMANDS.items():
         module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(sub_parser)
         sub_parser.set_defaults(_run=module.run)
-    return parser
+        commands[name] = sub_parser
+    return parser, commands
+
+
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """Print ``parser``'s usage and one line naming the problem on stderr, as argparse does
+    for the errors it finds; return the usage-error status."""
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def _main(argv: list[str]) -> int:
+    from stoker.errors import ConfigError
+
+    parser, commands = _build_parser()
+    # parse_known_args: an unknown argument is reported with its subcommand's usage (parse_args
+    # would report it with the top-level usage, which does not list the subcommand's options).
+    args, unknown = parser.parse_known_args(argv)
+    if args.command is None:
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return _usage_error(
+            parser, f"name a COMMAND: {', '.join(_COMMANDS)} (`stoker --help` says what each does)."
+        )
+    command = commands[args.command]
+    if unknown:
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return int(args._run(args))
+    except ConfigError as exc:
+        return _usage_error(command, str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``stoker`` console script; returns the exit status."""
-    parser = _build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command is None:
-        parser.print_help()
-        return 2
+    """Entry point of the ``stoker`` console script; returns the exit status.
+
+    0: success; 1: the work failed (or, for ``doctor``, found errors); 2: a usage error (a bad
+    argument, or a target that cannot be read, imported or called), reported as one line on
+    stderr below the subcommand's usage. Output cut short by a closed pipe (``| head``) ends
+    quietly with status 1, as Python's documentation advises.
+    """
     try:
-        return int(args._run(args))
+        status = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows up here rather than at exit
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
     except KeyboardInterrupt:
         print("stoker: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point standard output at devnull, so that the flush at exit does not raise
+    BrokenPipeError again (the recipe of Python's docs, "Note on SIGPIPE" in ``signal``)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

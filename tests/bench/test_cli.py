@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 from types import MappingProxyType
@@ -39,6 +40,7 @@ USER_MODULE = textwrap.dedent(
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "bench_user_mod.py").write_text(USER_MODULE)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import takes the folder off it
     monkeypatch.setattr(
         bench,
         "QUICK_TIMINGS",

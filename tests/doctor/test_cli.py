@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from stoker import cli
-from stoker.doctor import _cli, _env_cli
+from stoker.doctor import _env_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "doctor"
 ROOT = EXAMPLES.parents[1]
 
 
 def run_doctor(*argv: str) -> int:
-    parser = argparse.ArgumentParser()
-    _cli.configure(parser)
-    return _cli.run(parser.parse_args(list(argv)))
+    """`stoker doctor ARGV` in this process, through the command's entry point (which turns a
+    usage error into status 2 and one line on stderr)."""
+    return cli.main(["doctor", *argv])
 
 
 def test_rows_are_registered() -> None:

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 from _monitor_synthetic import FakeClock, consume, producer
 
+from stoker.cli import main
 from stoker.errors import ConfigError
 from stoker.monitor import Watch
-from stoker.monitor import _report_cli as cli
 from stoker.monitor._report import load_run, summarize
 from stoker.monitor._sinks import SCHEMA_VERSION
 
 
 def _run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    cli.configure(parser)
-    return cli.run(parser.parse_args(argv))
+    """`stoker report ARGV` through the command's entry point (usage errors: status 2)."""
+    return main(["report", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +130,96 @@ def test_the_watch_times_its_own_bookkeeping() -> None:
     fake = Watch(producer(clock, [0.01] * 30), clock=clock, progress=False)
     consume(fake, clock, 0.01)
     assert fake.summary().overhead_s == 0.0
+
+
+# -- a log is untrusted input ------------------------------------------------------------------
+
+_HEADER = '{"kind":"header","schema":"stoker.watch","version":1,"every":10,"num_workers":2}'
+_STEP = '{"kind":"step","step":0,"t":0.0,"wait_s":0.01,"compute_s":0.02,"size":4}'
+
+# case -> (the lines after the header, the line number blamed, what the message names)
+MALICIOUS = {
+    "t-not-a-number": (['{"kind":"step","t":"abc","wait_s":0.1,"compute_s":0.1}'], 2, "`t`"),
+    "t-nan": (['{"kind":"step","t":NaN,"wait_s":0.1,"compute_s":0.1}'], 2, "`t`"),
+    "wait-infinite": ([_STEP, '{"kind":"step","t":1,"wait_s":Infinity,"compute_s":0}'], 3, "wait"),
+    "wait-negative": (['{"kind":"step","t":0,"wait_s":-1,"compute_s":0}'], 2, "`wait_s`"),
+    "compute-bool": (['{"kind":"step","t":0,"wait_s":0,"compute_s":true}'], 2, "`compute_s`"),
+    "compute-missing": (['{"kind":"step","t":0,"wait_s":0}'], 2, "`compute_s`"),
+    "size-str": (['{"kind":"step","t":0,"wait_s":0,"compute_s":0,"size":"4"}'], 2, "`size`"),
+    "interval-step-markup": ([_STEP, '{"kind":"interval","step":"[/oops]"}'], 3, "[/oops]"),
+    "epoch-step-str": ([_STEP, '{"kind":"epoch","epoch":1,"step":"x"}'], 3, "`step`"),
+    "loader-backend-markup": (
+        [_STEP, '{"kind":"interval","step":1,"loader":{"backend":"[red]x[/red]"}}'],
+        3,
+        "`loader.backend`",
+    ),
+    "loader-fraction": (
+        [_STEP, '{"kind":"interval","step":1,"loader":{"busy_fraction":5}}'],
+        3,
+        "`loader.busy_fraction`",
+    ),
+    "loader-pss": (
+        [_STEP, '{"kind":"interval","step":1,"loader":{"pss_bytes":"x"}}'],
+        3,
+        "`loader.pss_bytes`",
+    ),
+    "loader-not-object": ([_STEP, '{"kind":"interval","step":1,"loader":[1]}'], 3, "`loader`"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALICIOUS))
+def test_a_bad_record_is_an_error_naming_its_line(case, tmp_path, capsys) -> None:
+    lines, lineno, names = MALICIOUS[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([_HEADER, *lines]) + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_run(path)
+    assert f"{path}:{lineno}:" in str(info.value) and names in str(info.value)
+    assert _run_cli([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"bad.jsonl:{lineno}:" in err
+
+
+def test_a_header_field_of_the_wrong_type_is_an_error(tmp_path) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_text(_HEADER.replace('"num_workers":2', '"num_workers":"[red]x[/red]"') + "\n")
+    with pytest.raises(ConfigError, match=r"h.jsonl:1: .*`num_workers`"):
+        load_run(path)
+    path.write_text(_HEADER.replace('"version":1', '"version":true') + "\n" + _STEP + "\n")
+    with pytest.raises(ConfigError, match="`version` must be an int"):
+        load_run(path)
+
+
+def test_bytes_that_are_not_utf8_are_an_error_naming_the_line(tmp_path) -> None:
+    path = tmp_path / "binary.jsonl"
+    path.write_bytes((_HEADER + "\n" + _STEP + "\n").encode() + b"\xff\xfe\x00\n")
+    with pytest.raises(ConfigError, match=r"binary.jsonl:3: .*not UTF-8"):
+        load_run(path)
+    path.write_bytes((_HEADER + "\n" + _STEP + "\n").encode() + '{"t":"é'.encode()[:-1])
+    assert load_run(path).steps == 1  # torn mid-character by a killed run: kept up to there
+
+
+def test_strings_are_printed_as_text_not_markup(tmp_path, capsys) -> None:
+    """A path with rich markup in it is printed as is: `[/oops]` would raise MarkupError and
+    `[red]...[/red]` would vanish into a colour."""
+    folder = tmp_path / "[link=https:example.com]x["  # with the next: `x[/oops]`
+    (folder / "oops][red]run[").mkdir(parents=True)
+    path = folder / "oops][red]run[" / "red].jsonl"  # `[red]run[/red].jsonl`
+    path.write_text("\n".join([_HEADER, _STEP, _STEP.replace('"t":0.0', '"t":0.03')]) + "\n")
+    assert "[/oops][red]run[/red].jsonl" in str(path)
+    assert _run_cli([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "x[/oops][red]run[/red].jsonl" in out and "[link=https:example.com]" in out
+
+
+def test_a_bench_result_is_named_for_what_it_is(tmp_path, capsys) -> None:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": "stoker.bench/1", "workloads": []}, indent=2))
+    with pytest.raises(ConfigError, match=r"is a `stoker bench` result .*not a `stoker.watch` log"):
+        load_run(path)
+    doctor = tmp_path / "doctor.json"
+    doctor.write_text(json.dumps({"target": "x.py", "findings": []}, indent=2))
+    with pytest.raises(ConfigError, match="is a `stoker doctor --json` report"):
+        load_run(doctor)
+    assert _run_cli([str(path)]) == 2
+    assert "invalid JSON" not in capsys.readouterr().err

@@ -226,5 +226,5 @@ def test_cli_checks_the_output_path_before_measuring(capsys):
     from stoker.cli import main
 
     assert main(["tune", "no_such_module_xyz:f", "-b", "4", "-o", "/nonexistent-dir/s.toml"]) == 2
-    out = capsys.readouterr().out
-    assert "`--output /nonexistent-dir/s.toml`" in out and "does not exist" in out
+    err = capsys.readouterr().err
+    assert "`--output /nonexistent-dir/s.toml`" in err and "does not exist" in err

@@ -10,9 +10,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
-import sys
 from typing import Any
 
 __all__ = ["configure", "load_factory", "run"]
@@ -52,8 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
         metavar="MODULE:FACTORY",
-        help="bench your own dataset: FACTORY() returns a Dataset (MODULE is "
-        "imported with the current directory on sys.path)",
+        help="bench your own dataset: FACTORY() returns a Dataset. MODULE is imported, which "
+        "runs its top-level code, with the current directory on sys.path while it imports "
+        "(and off it afterwards)",
     )
     parser.add_argument(
         "--batch-size",
@@ -75,32 +73,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_factory(spec: str) -> Any:
-    """Import ``"module:attribute"`` (current directory on ``sys.path``) and return it.
+def load_factory(spec: str, option: str = "--dataset") -> Any:
+    """Import ``"module:attribute"`` (see :func:`stoker._target.import_factory`) and return it.
+
+    Args:
+        spec: ``"module:factory"``.
+        option: the command-line argument that gave it, for the messages.
 
     Raises:
         ConfigError: if the spec is malformed, the module does not import or the attribute
             is missing or not callable.
     """
-    from stoker.errors import ConfigError
+    from stoker._target import import_factory
 
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"`--dataset` must look like `module:factory`. Found: {spec!r}.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"`--dataset`: cannot import {module_name!r}: {exc}.") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"`--dataset`: {module_name!r} has no attribute {attr!r}.")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"`--dataset`: {spec!r} is not callable (found {type(obj).__name__}).")
-    return obj
+    return import_factory(spec, option)
 
 
 class _BarProgress:
@@ -144,76 +130,78 @@ class _BarProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``stoker bench`` with parsed ``args``; returns the exit status."""
+    """Run ``stoker bench`` with parsed ``args``; returns the exit status.
+
+    Raises:
+        ConfigError: a usage error (reported by :func:`stoker.cli.main`, status 2).
+    """
+    import sys
     import warnings
 
-    from rich.console import Console
-
     from stoker import bench
+    from stoker._console import console
+    from stoker._output import check_output_path
+    from stoker._target import call_factory
     from stoker.bench._report import PLAIN_WIDTH, render, write_json
     from stoker.bench._workloads import Workload
     from stoker.errors import ConfigError
 
-    err = Console(stderr=True)
+    if args.list:
+        for w in bench.builtin_workloads().values():
+            tag = " (quick)" if w.in_quick else ""
+            print(f"{w.name:<10} batch {w.batch_size:<4} {w.description}{tag}")
+        return 0
+    if args.device:
+        from stoker.bench._gpu import render as render_gpu
+        from stoker.bench._gpu import run_gpu_bench
+
+        print(render_gpu(run_gpu_bench(args.device)))
+        return 0
+    if args.batch_size is not None and not args.dataset:
+        raise ConfigError("`--batch-size` applies to `--dataset` only.")
+    if args.json:
+        check_output_path(args.json, "--json")
+    if args.plot:
+        check_output_path(args.plot, "--plot")
+    chosen: list[str | Workload] | None = list(args.workloads) if args.workloads else None
+    if chosen is not None:
+        known = bench.builtin_workloads()
+        for name in chosen:
+            if name not in known:
+                raise ConfigError(f"unknown workload {name!r}: pick one of {', '.join(known)}.")
+    if args.dataset:
+        # Built once, now: a factory that raises is reported before minutes of measuring.
+        dataset = call_factory(load_factory(args.dataset), args.dataset)
+        batch = args.batch_size if args.batch_size is not None else DEFAULT_USER_BATCH
+        user = Workload(
+            name=args.dataset,
+            description=f"your dataset ({args.dataset}())",
+            make_dataset=lambda quick: dataset,
+            batch_size=batch,
+        )
+        chosen = [*(chosen or []), user]
+    err = console(stderr=True)
+    with warnings.catch_warnings(), _BarProgress(err) as progress:
+        # torch warns for every grid point above its suggested worker count: expected here.
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        result = bench.run(
+            chosen,
+            quick=args.quick,
+            repeats=args.repeats,
+            multiprocessing_context=args.start_method,
+            progress=progress,
+        )
+    render(result, console(width=PLAIN_WIDTH))
     try:
-        if args.list:
-            for w in bench.builtin_workloads().values():
-                tag = " (quick)" if w.in_quick else ""
-                print(f"{w.name:<10} batch {w.batch_size:<4} {w.description}{tag}")
-            return 0
-        if args.device:
-            from stoker.bench._gpu import render as render_gpu
-            from stoker.bench._gpu import run_gpu_bench
-
-            print(render_gpu(run_gpu_bench(args.device)))
-            return 0
-        if args.batch_size is not None and not args.dataset:
-            raise ConfigError("`--batch-size` applies to `--dataset` only.")
-        from stoker._output import check_output_path
-
-        if args.json:
-            check_output_path(args.json, "--json")
-        if args.plot:
-            check_output_path(args.plot, "--plot")
-        chosen: list[str | Workload] | None = list(args.workloads) if args.workloads else None
-        if args.dataset:
-            factory = load_factory(args.dataset)
-            batch = args.batch_size if args.batch_size is not None else DEFAULT_USER_BATCH
-            user = Workload(
-                name=args.dataset,
-                description=f"your dataset ({args.dataset}())",
-                make_dataset=lambda quick: factory(),
-                batch_size=batch,
-            )
-            chosen = [*(chosen or []), user]
-        if chosen is not None:
-            known = bench.builtin_workloads()
-            for name in chosen:
-                if isinstance(name, str) and name not in known:
-                    raise ConfigError(f"unknown workload {name!r}: pick one of {', '.join(known)}.")
-        with warnings.catch_warnings(), _BarProgress(err) as progress:
-            # torch warns for every grid point above its suggested worker count: expected here.
-            warnings.filterwarnings("ignore", message="This DataLoader will create")
-            result = bench.run(
-                chosen,
-                quick=args.quick,
-                repeats=args.repeats,
-                multiprocessing_context=args.start_method,
-                progress=progress,
-            )
-        out = Console()
-        if not out.is_terminal:
-            out = Console(width=PLAIN_WIDTH)
-        render(result, out)
         if args.json:
             write_json(result, args.json)
-            err.print(f"wrote {args.json}")
+            print(f"wrote {args.json}", file=sys.stderr)
         if args.plot:
             from stoker.bench._plot import plot
 
             plot(result, args.plot)
-            err.print(f"wrote {args.plot}")
-    except ConfigError as exc:
-        err.print(f"stoker bench: {exc}", markup=False, highlight=False)
-        return 2
+            print(f"wrote {args.plot}", file=sys.stderr)
+    except OSError as exc:
+        print(f"stoker bench: cannot write the results: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -1,13 +1,19 @@
 """``stoker doctor TARGET``: static checks of a script, or runtime checks of a factory's loader.
 
 Exit status: 0 when clean, 1 when an error-level finding exists (with ``--strict``, a warning
-too), 2 when the target cannot be read, imported or called.
+too), 2 when the target cannot be read, imported or called (a :class:`ConfigError` that
+:func:`stoker.cli.main` reports below the usage).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stoker.doctor._finding import Diagnosis
 
 __all__ = ["configure", "run"]
 
@@ -17,9 +23,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
         metavar="SCRIPT.py | module:factory",
-        help="a training script to check statically (not executed), or a zero-argument "
+        help="a training script to check statically (read, not executed), or a zero-argument "
         "factory returning a DataLoader or Dataset, e.g. `mypkg.data:make_loader` or "
-        "`train.py:make_loader`, to diagnose live",
+        "`train.py:make_loader`, to diagnose live. A factory's module is imported, which "
+        "executes its top-level code (as `python train.py` would, less what sits under "
+        "`if __name__ == '__main__':`), with the current directory on sys.path while it "
+        "imports (and off it afterwards); then the factory is called",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument(
@@ -43,38 +52,59 @@ def _is_script(target: str) -> bool:
     return target.endswith(".py") and ":" not in target.rsplit(".py", 1)[-1]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Diagnose ``args.target`` and print the result; return the exit status."""
-    from stoker.doctor._render import render_json, render_text
+def _diagnose(args: argparse.Namespace) -> Diagnosis:
     from stoker.errors import ConfigError
 
     target: str = args.target
+    if _is_script(target):
+        from stoker.doctor._static import diagnose_script
+
+        try:
+            return diagnose_script(target)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the script {target!r}: {exc.strerror or exc}. Pass the path of a "
+                "Python file, or `module:factory` to diagnose a loader live."
+            ) from exc
+        except SyntaxError as exc:
+            where = f" (line {exc.lineno})" if exc.lineno else ""
+            raise ConfigError(
+                f"cannot parse the script {target!r}: {exc.msg}{where}. Pass a Python file "
+                "that runs."
+            ) from exc
+    from stoker._target import call_factory, describe_exception, importing_from_cwd
+    from stoker.doctor._diagnose import diagnose
+    from stoker.doctor._subject import load_factory
+
     try:
-        if _is_script(target):
-            from stoker.doctor._static import diagnose_script
-
-            diagnosis = diagnose_script(target)
-        else:
-            from stoker.doctor._diagnose import diagnose
-            from stoker.doctor._subject import load_factory
-
+        with importing_from_cwd():
             factory = load_factory(target)
-            try:
-                obj = factory() if callable(factory) else factory
-            except Exception as exc:
-                print(
-                    f"stoker doctor: the factory {target!r} raised {type(exc).__name__}: {exc}",
-                    file=sys.stderr,
-                )
-                return 2
-            diagnosis = diagnose(
-                obj, measure_memory=args.memory, shm_dir=args.shm_dir, target=target
-            )
-    except (OSError, SyntaxError, ConfigError) as exc:
-        print(f"stoker doctor: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError:
+        raise
+    except Exception as exc:  # the module's top-level code raised (a SyntaxError included)
+        raise ConfigError(
+            f"importing the target {target!r} raised {describe_exception(exc)}."
+        ) from exc
+    obj = call_factory(factory, target) if callable(factory) else factory
+    return diagnose(obj, measure_memory=args.memory, shm_dir=args.shm_dir, target=target)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Diagnose ``args.target`` and print the result; return the exit status.
+
+    Raises:
+        ConfigError: the target cannot be read, imported or called (status 2).
+    """
+    from stoker.doctor._render import render_json, render_text
+
+    # With --json, standard output carries the JSON only: what the target prints goes to stderr.
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with quiet:
+        diagnosis = _diagnose(args)
     if args.json:
         render_json(diagnosis, sys.stdout)
     else:
-        render_text(diagnosis)
+        from stoker._console import console
+
+        render_text(diagnosis, console=console())
     return diagnosis.exit_status(strict=args.strict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -89,30 +90,46 @@ def _rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the facts (and export the environment file when asked); return the exit status."""
-    from stoker.doctor._env import collect_env, export_environment
+    """Print the facts (and export the environment file when asked); return the exit status.
 
+    Raises:
+        ConfigError: ``--data-dir`` is not a directory, or ``--export`` names a file that
+            cannot be written (a usage error, status 2).
+    """
+    from stoker._output import check_output_path
+    from stoker.doctor._env import collect_env, export_environment
+    from stoker.errors import ConfigError
+
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise ConfigError(
+            f"`--data-dir {args.data_dir}` is not a directory: name the folder the data is read "
+            "from."
+        )
+    if args.export:
+        check_output_path(args.export, "--export")
     facts = collect_env(args.data_dir)
     if args.export:
         try:
             facts["export"] = {"path": args.export, "how": export_environment(args.export)}
         except OSError as exc:
             print(f"stoker env: cannot write {args.export!r}: {exc}", file=sys.stderr)
-            return 2
+            return 1
     if args.json:
         json.dump(facts, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from stoker._console import console
 
     table = Table(title="stoker env", show_header=False, box=None, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    for key, value in _rows(facts):
-        table.add_row(key, value)
-    console = Console(highlight=False)
-    console.print(table)
+    for key, value in _rows(facts):  # values are text (a path, an env name), never markup
+        table.add_row(key, Text(value))
+    out = console()
+    out.print(table)
     if "export" in facts:
-        console.print(f"wrote {facts['export']['path']} ({facts['export']['how']})")
+        out.print(Text(f"wrote {facts['export']['path']} ({facts['export']['how']})"))
     return 0

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from stoker.doctor._finding import Diagnosis, Severity
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["render_json", "render_text"]
 
@@ -52,7 +55,11 @@ def _summary_of_facts(facts: dict[str, Any]) -> list[str]:
 
 
 def render_text(
-    diagnosis: Diagnosis, file: TextIO | None = None, *, color: bool | None = None
+    diagnosis: Diagnosis,
+    file: TextIO | None = None,
+    *,
+    color: bool | None = None,
+    console: Console | None = None,
 ) -> None:
     """Print the diagnosis for a human: context line, one block per finding, summary.
 
@@ -60,13 +67,15 @@ def render_text(
         diagnosis: what to print.
         file: where to print. Default: standard output.
         color: force colour on or off. Default: rich's detection (a terminal gets colour).
+        console: print on this console instead (``file`` and ``color`` are then ignored).
     """
     from rich.console import Console
     from rich.padding import Padding
     from rich.syntax import Syntax
     from rich.text import Text
 
-    console = Console(file=file, no_color=color is False, force_terminal=color, highlight=False)
+    if console is None:
+        console = Console(file=file, no_color=color is False, force_terminal=color, highlight=False)
     console.print(Text.assemble(("stoker doctor ", "bold"), (diagnosis.target, "bold cyan")))
     for part in _summary_of_facts(diagnosis.facts):
         console.print(Text(f"  {part}", style="dim"))

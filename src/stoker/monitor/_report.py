@@ -23,6 +23,7 @@ from stoker.monitor._detect import (
     scan_sawtooth,
     wait_fraction,
 )
+from stoker.monitor._records import LogRecords, identify
 from stoker.monitor._sinks import SCHEMA, SCHEMA_VERSION
 from stoker.monitor._types import LoaderHealth, StallEvent, WatchSummary
 
@@ -64,12 +65,11 @@ class RunLog:
         return len(self.wait)
 
 
-def _bad(path: str, line: int, why: str) -> ConfigError:
-    return ConfigError(f"{path}:{line}: not a `stoker.watch` log ({why}).")
-
-
 def load_run(path: str | os.PathLike[str]) -> RunLog:
     """Read a jsonl log written by :func:`stoker.watch` (``log=``).
+
+    The file is untrusted input: every field used is checked for its type and range as its
+    line is read (see :mod:`stoker.monitor._records`).
 
     Args:
         path: the jsonl file.
@@ -78,14 +78,17 @@ def load_run(path: str | os.PathLike[str]) -> RunLog:
         The :class:`RunLog`.
 
     Raises:
-        ConfigError: when the file is missing, is not a ``stoker.watch`` log, has a newer
-            schema version than this stoker reads, or holds no steps.
+        ConfigError: when the file is missing, is not a ``stoker.watch`` log (saying what it is
+            when it says: a ``stoker bench`` result, say), has a newer schema version than this
+            stoker reads, holds a record with a field of the wrong type or range (naming the
+            line), or holds no steps.
     """
     name = os.fspath(path)
     try:
-        handle = open(name, encoding="utf-8")
+        handle = open(name, "rb")  # decoded line by line, so that bad bytes name their line
     except OSError as exc:
         raise ConfigError(f"cannot read the log {name!r}: {exc.strerror or exc}.") from exc
+    records = LogRecords(name)
     t: list[float] = []
     wait: list[float] = []
     compute: list[float] = []
@@ -97,41 +100,58 @@ def load_run(path: str | os.PathLike[str]) -> RunLog:
     step_base = 0  # steps before the current watch object (segment)
     t_base = 0.0
     with handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, raw in enumerate(handle, 1):
+            records.line = lineno
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if lineno > 1 and not raw.endswith(b"\n"):
+                    break  # torn mid-character by a killed run
+                raise _not_a_log(records, f"not UTF-8 text ({exc.reason})") from exc
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or a number too long to convert
                 if lineno > 1 and not line.endswith("\n"):
                     break  # a run killed mid-write: keep what came before the torn line
-                raise _bad(name, lineno, f"invalid JSON: {exc.msg}") from exc
+                raise _not_a_log(records, f"invalid JSON: {getattr(exc, 'msg', exc)}") from exc
             kind = rec.get("kind") if isinstance(rec, dict) else None
-            if kind is None or (lineno == 1 and kind != "header"):
-                raise _bad(name, lineno, "no `kind` header record")
+            if not isinstance(kind, str) or (lineno == 1 and kind != "header"):
+                raise _not_a_log(records, "no `kind` header record")
             if kind == "header":
                 if rec.get("schema") != SCHEMA:
-                    raise _bad(name, lineno, f"schema {rec.get('schema')!r}, expected {SCHEMA!r}")
-                if not isinstance(rec.get("version"), int) or rec["version"] > SCHEMA_VERSION:
-                    raise _bad(
-                        name,
-                        lineno,
-                        f"schema version {rec.get('version')!r} is newer than {SCHEMA_VERSION}: "
-                        "upgrade stoker",
+                    raise records.bad(
+                        f"not a `stoker.watch` log (schema {rec.get('schema')!r}, expected "
+                        f"{SCHEMA!r})"
                     )
+                version = rec.get("version")
+                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                    raise records.field_error("header", "version", "an int >= 1", version)
+                if version > SCHEMA_VERSION:
+                    raise records.bad(
+                        f"schema version {version} is newer than {SCHEMA_VERSION}, the one this "
+                        "stoker reads: upgrade stoker"
+                    )
+                records.count(rec, "every", minimum=1, optional=True)
+                records.count(rec, "num_workers", optional=True)
                 step_base = len(wait)
                 t_base = t[-1] + wait[-1] + compute[-1] if t else 0.0
                 headers.append(rec)
             elif kind == "step":
-                t.append(t_base + float(rec["t"]))
-                wait.append(float(rec["wait_s"]))
-                compute.append(float(rec["compute_s"]))
-                s = rec.get("size")
+                t.append(t_base + records.number(rec, "t"))
+                wait.append(records.number(rec, "wait_s"))
+                compute.append(records.number(rec, "compute_s"))
+                s = records.count(rec, "size", optional=True)
                 size.append(float("nan") if s is None else float(s))
-            elif kind == "epoch" and (rec["step"] > 0 or len(headers) > 1):
-                epoch_starts.append(step_base + int(rec["step"]))
+            elif kind == "epoch":
+                step = records.count(rec, "step")
+                if step or len(headers) > 1:
+                    epoch_starts.append(step_base + (step or 0))
             elif kind == "interval":
-                intervals.append({**rec, "step": step_base + int(rec["step"])})
+                step = records.count(rec, "step")
+                loader = records.loader(rec)
+                intervals.append({**rec, "step": step_base + (step or 0), "loader": loader})
             elif kind == "summary":
                 summaries.append(rec)
     if not wait:
@@ -150,6 +170,17 @@ def load_run(path: str | os.PathLike[str]) -> RunLog:
         every=int(first.get("every") or 100),
         num_workers=first.get("num_workers"),
     )
+
+
+def _not_a_log(records: LogRecords, why: str) -> ConfigError:
+    """The file is not a ``stoker.watch`` log: say what it is, when it says."""
+    identity = identify(records.path)
+    if identity is not None:
+        return ConfigError(
+            f"{records.path} is {identity}, not a `stoker.watch` log: `stoker report` reads the "
+            "jsonl file that `stoker.watch(..., log=PATH)` writes."
+        )
+    return records.bad(f"not a `stoker.watch` log ({why})")
 
 
 def _loader_health(record: dict[str, Any] | None) -> LoaderHealth | None:
