@@ -78,3 +78,51 @@ def test_a_directory_is_not_a_config_file(tmp_path):
 def test_missing_file_names_the_fix(tmp_path):
     with pytest.raises(stoker.ConfigError, match="stoker tune"):
         stoker.DataLoader([1], config=tmp_path / "nope.toml")
+
+
+@pytest.fixture
+def four_cores(monkeypatch):
+    import stoker._config as config
+
+    monkeypatch.setattr(config, "usable_cores", lambda: 4)
+
+
+@pytest.mark.parametrize(
+    ("key", "largest"),
+    [("num_workers", 16 * 4), ("prefetch_factor", 64)],
+)
+def test_counts_past_their_cap_name_file_value_cap_and_knob(tmp_path, four_cores, key, largest):
+    from stoker._config import MAX_PREFETCH_FACTOR, MAX_WORKERS_PER_CORE
+
+    assert largest == (MAX_WORKERS_PER_CORE * 4 if key == "num_workers" else MAX_PREFETCH_FACTOR)
+    path = tmp_path / "big.toml"
+    path.write_text(f"[loader]\n{key} = {largest}\n")
+    assert load_config(path)[key] == largest  # the cap itself is allowed
+    path.write_text(f"[loader]\n{key} = {largest + 1}\n")
+    with pytest.raises(stoker.ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert str(path) in message and f"`loader.{key} = {largest + 1}`" in message
+    assert f"more than {largest}" in message
+    if key == "num_workers":
+        assert "16 per usable core x 4 cores here" in message
+
+
+def test_a_huge_count_in_a_file_is_rejected_by_the_loader(tmp_path):
+    path = tmp_path / "stoker.toml"
+    path.write_text("[loader]\nnum_workers = 100000\n")
+    with pytest.raises(stoker.ConfigError, match="num_workers = 100000` is more than"):
+        stoker.DataLoader(list(range(8)), config=path)
+    path.write_text(f"[loader]\nnum_workers = 2\nprefetch_factor = {10**6}\n")
+    with pytest.raises(stoker.ConfigError, match="prefetch_factor = 1000000` is more than 64"):
+        stoker.DataLoader(list(range(8)), config=path)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 8, 16, 64, 128])
+def test_what_stoker_tune_writes_is_within_the_caps(cores):
+    from stoker._config import MAX_PREFETCH_FACTOR, MAX_WORKERS_PER_CORE
+    from stoker._tune import PREFETCH, worker_counts
+
+    most = max(worker_counts(cores, waits=True) + worker_counts(cores))
+    assert most <= MAX_WORKERS_PER_CORE * cores
+    assert max(PREFETCH) <= MAX_PREFETCH_FACTOR

@@ -9,8 +9,9 @@
     pin_memory = false
 
 A setting applies to an argument the caller left out; an argument passed wins, whatever its
-value. Unknown tables and keys, and values of the wrong type, are errors that name the file
-and key.
+value. Unknown tables and keys, values of the wrong type, and counts past the caps below (a
+typo, or a file tuned on a far larger machine) are errors that name the file, the key, the
+value and the cap.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stoker._platform import usable_cores
 from stoker.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -27,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SETTINGS", "load_config", "write_config"]
+__all__ = ["MAX_PREFETCH_FACTOR", "MAX_WORKERS_PER_CORE", "SETTINGS", "load_config", "write_config"]
 
 SECTION = "loader"
 # key -> accepted types (checked in order); "auto" strings are accepted where noted.
@@ -45,12 +47,44 @@ _STRINGS = {
     "prefetch_factor": ("auto",),
 }
 
+#: Most workers a file may ask for, per usable core of the machine that reads it: past that they
+#: cannot all run, and each one costs memory and start-up (``stoker tune`` itself stops at 16 x
+#: the cores, for threads that mostly wait on I/O).
+MAX_WORKERS_PER_CORE = 16
+#: Most batches in flight per worker a file may ask for: every one of them is held in memory
+#: (shared memory for processes) at once, and ``stoker tune`` tries 2 and 4.
+MAX_PREFETCH_FACTOR = 64
+
+
+def _check_cap(path: Path, key: str, value: Any) -> None:
+    """Raise if a count of the file is past its cap on this machine."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return
+    if key == "num_workers":
+        cores = usable_cores()
+        cap = MAX_WORKERS_PER_CORE * cores
+        if value > cap:
+            raise ConfigError(
+                f"{path}: `{SECTION}.num_workers = {value}` is more than {cap} "
+                f"({MAX_WORKERS_PER_CORE} per usable core x {cores} cores here): past that "
+                "workers cannot all run and each costs memory and start-up. Lower it, or write "
+                "a file for this machine with `stoker tune module:factory -b BATCH`."
+            )
+    elif key == "prefetch_factor" and value > MAX_PREFETCH_FACTOR:
+        raise ConfigError(
+            f"{path}: `{SECTION}.prefetch_factor = {value}` is more than "
+            f"{MAX_PREFETCH_FACTOR}: every batch in flight is held in memory at once (workers x "
+            "prefetch_factor batches). Lower it (`stoker tune` tries 2 and 4)."
+        )
+
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate the ``[loader]`` table of a ``stoker.toml``.
 
     Raises:
-        ConfigError: the file is missing, not TOML, or holds an unknown key or a bad value.
+        ConfigError: the file is missing, not TOML, or holds an unknown key, a bad value, or a
+            count past its cap (:data:`MAX_WORKERS_PER_CORE` x the usable cores for
+            ``num_workers``, :data:`MAX_PREFETCH_FACTOR`).
     """
     p = Path(path)
     try:
@@ -94,6 +128,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
                 + [repr(v) for v in _STRINGS.get(key, ())]
             )
             raise ConfigError(f"{p}: `{SECTION}.{key}` must be {allowed}. Found: {value!r}.")
+        _check_cap(p, key, value)
         out[key] = value
     return out
 

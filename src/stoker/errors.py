@@ -4,6 +4,7 @@ Every error stoker raises on its own account derives from :class:`StokerError`::
 
     StokerError
     ├── ConfigError (also ValueError)   a bad argument or configuration value
+    │   ├── ConfigTypeError (also TypeError) an argument of the wrong type
     │   └── UnpicklableError            part of the dataset cannot be sent to spawn workers
     ├── MainGuardError (also RuntimeError) workers started while a spawn child imports the script
     ├── WorkerError (also RuntimeError) a worker died, hung or could not start
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "ConfigTypeError",
     "FailureLimitError",
     "MainGuardError",
     "RemoteTraceback",
@@ -38,6 +40,14 @@ class StokerError(Exception):
 
 class ConfigError(StokerError, ValueError):
     """A configuration value is invalid; the message names the value and the fix."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument has the wrong type (``num_workers="x"``); the message names it and the fix.
+
+    A ``TypeError`` as well, so that code catching what torch's DataLoader raises for the same
+    argument (``'<' not supported between instances of 'str' and 'int'``) still catches it.
+    """
 
 
 class WorkerError(StokerError, RuntimeError):

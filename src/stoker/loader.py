@@ -13,11 +13,12 @@ import inspect
 import os
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 import torch.utils.data as tud
 
+from stoker._arguments import check_arguments
 from stoker._platform import usable_cores
 from stoker._resume import EpochState
 from stoker._stats import LoaderStats
@@ -29,7 +30,6 @@ __all__ = ["Backend", "DataLoader"]
 Backend = Literal["process", "thread", "auto"]
 #: Workers a loader with ``num_workers="auto"`` starts with (None: the usable cores).
 AUTO_START_WORKERS: int | None = None
-_BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # torch added `in_order` in 2.6; older versions must not be passed it.
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(tud.DataLoader.__init__).parameters
@@ -136,6 +136,9 @@ class DataLoader(tud.DataLoader):
 
     Raises:
         ValueError: for every argument combination torch rejects, with torch's message.
+        ConfigTypeError: for an argument of the wrong type (``num_workers=2.5``,
+            ``in_order="no"``, ``collate_fn=3``), also those torch lets through: a
+            ``TypeError`` and a ``ValueError`` both (see :mod:`stoker._arguments`).
         ConfigError: for an invalid stoker extra (a ``ValueError`` too).
     """
 
@@ -168,6 +171,27 @@ class DataLoader(tud.DataLoader):
         device: str | torch.device | None = None,
         distributed: bool = False,
     ) -> None:
+        check_arguments(
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+            backend=backend,
+            max_worker_restarts=max_worker_restarts,
+            config=config,
+            distributed=distributed,
+        )
+        if not isinstance(num_workers, str):  # a numpy int: stoker's engine tests for `int`
+            num_workers = int(num_workers)
         if config is not None:
             from stoker._config import load_config
 
@@ -210,10 +234,6 @@ class DataLoader(tud.DataLoader):
         self._auto_prefetch = prefetch_factor == "auto"
         if backend is None:
             backend = "auto" if self._auto_workers else "process"
-        if backend not in _BACKENDS:
-            raise ConfigError(
-                f"`backend` must be one of {', '.join(map(repr, _BACKENDS))}. Found: {backend!r}."
-            )
         if num_workers == "auto":
             num_workers = AUTO_START_WORKERS or usable_cores()
         if prefetch_factor == "auto":
@@ -222,16 +242,6 @@ class DataLoader(tud.DataLoader):
                     '`prefetch_factor="auto"` needs workers: pass `num_workers` > 0 or "auto".'
                 )
             prefetch_factor = 2
-        # A negative one gets torch's own error (below); torch accepts 0 and fails at iter().
-        if prefetch_factor is not None and (
-            isinstance(prefetch_factor, bool)
-            or not isinstance(prefetch_factor, int)
-            or prefetch_factor == 0
-        ):
-            raise ConfigError(
-                '`prefetch_factor` must be an int >= 1 (batches in flight per worker), "auto" '
-                f"or None. Found: {prefetch_factor!r}."
-            )
         self._resolved_backend: str = backend
         self._backend_notes: list[str] = []
         # The probe chose threads to cover waits: the iterator starts processes and hands over
@@ -242,20 +252,10 @@ class DataLoader(tud.DataLoader):
         # the num_workers="auto" controller starts from it (Controller.assume_blocked).
         self._probed_wait_share: float | None = None
         policy = FailurePolicy(on_error, max_failures)
-        if (
-            not isinstance(max_worker_restarts, int)
-            or isinstance(max_worker_restarts, bool)
-            or max_worker_restarts < 0
-        ):
-            raise ConfigError(
-                f"`max_worker_restarts` must be an int >= 0. Found: {max_worker_restarts!r}."
-            )
         # Set before torch's constructor, which calls `check_worker_number_rationality`.
         self.backend = backend
         if persistent_workers is None:
             persistent_workers = isinstance(num_workers, int) and num_workers > 0
-        if not isinstance(distributed, bool):
-            raise ConfigError(f"`distributed` must be True or False. Found: {distributed!r}.")
         if distributed:
             from stoker._distributed import rank_sampler_for
 
