@@ -18,13 +18,15 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from stoker.errors import ConfigError, ConfigTypeError
 
-__all__ = ["BACKENDS", "check_arguments"]
+__all__ = ["BACKENDS", "SHM_MODES", "check_arguments"]
 
 BACKENDS = ("process", "thread", "auto")
+SHM_MODES = ("auto", "require")
 
 
 def _found(value: Any) -> str:
@@ -37,7 +39,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _check_bool(name: str, value: Any, *, none: bool = False) -> None:
-    if isinstance(value, bool) or (none and value is None):
+    # 0 and 1 (numpy's too) and numpy's bools pass: torch takes them, and code passes them.
+    flag = isinstance(value, numbers.Integral) and value in (0, 1)
+    if isinstance(value, (bool, np.bool_)) or flag or (none and value is None):
         return
     why = " (any non-empty string is true)" if isinstance(value, str) else ""
     allowed = "True, False or None" if none else "True or False"
@@ -73,6 +77,7 @@ def check_arguments(
     max_worker_restarts: Any,
     config: Any,
     distributed: Any,
+    shm: Any = "auto",
 ) -> None:
     """Raise if an argument of :class:`stoker.DataLoader` has a type or value it cannot use.
 
@@ -129,6 +134,11 @@ def check_arguments(
         raise ConfigTypeError(
             f"`pin_memory_device` must be a str (deprecated in torch: leave it out). "
             f"{_found(pin_memory_device)}"
+        )
+    if not isinstance(shm, str) or shm not in SHM_MODES:
+        raise ConfigError(
+            f"`shm` must be one of {', '.join(map(repr, SHM_MODES))} (what a batch that finds "
+            f"no room in shared memory does). {_found(shm)}"
         )
     if backend is not None and not isinstance(backend, str):
         raise ConfigTypeError(

@@ -99,6 +99,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._worker_busy: collections.Counter[int] = collections.Counter()
         self._wait_s = 0.0
         self._fallbacks = 0
+        self._warned_no_room = False
 
         ctx = loader.multiprocessing_context or mp.get_context()
         directory = shm_dir()
@@ -127,6 +128,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             "auto_collation": self._auto_collation,
             "drop_last": self._drop_last,
             "on_error": self._policy.on_error,
+            "shm_require": loader.shm == "require",
         }
         payload = self._payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.

@@ -28,8 +28,9 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker._recovery import worker_pid
 from stoker.faults import FailureTally
-from stoker.transport import decode, unlink_owned
+from stoker.transport import decode, unlink_owned, warn_no_room
 from stoker.workers._errors import unpack_exception
+from stoker.workers._loop import NO_ROOM
 from stoker.workers._threads import THREAD_REPLY_FIELDS
 
 __all__ = ["ReplyMixin"]
@@ -55,6 +56,7 @@ class ReplyMixin:
     _worker_busy: Any
     _tally: FailureTally
     _fallbacks: int
+    _warned_no_room: bool
     _auto_collation: bool
     _pin_memory: bool
     _pin_memory_device: Any
@@ -177,7 +179,10 @@ class ReplyMixin:
         slot, payload, fallback = msg[5], msg[7], msg[8]
         if len(msg) > 10 and msg[10] is not None and self._state is not None:
             self._state.worker_states[msg[3]] = msg[10]  # position after this batch
-        self._fallbacks += fallback
+        if fallback == NO_ROOM and not self._warned_no_room:
+            self._warned_no_room = True
+            warn_no_room(getattr(self._pool, "shm_dir", ""), len(payload))
+        self._fallbacks += bool(fallback)
         self._tally.delivered(
             len(index) if self._auto_collation and index is not None else 1, msg[9] or ()
         )

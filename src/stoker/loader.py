@@ -25,9 +25,10 @@ from stoker._stats import LoaderStats
 from stoker.errors import ConfigError
 from stoker.faults import Failure, FailurePolicy, OnError
 
-__all__ = ["Backend", "DataLoader"]
+__all__ = ["Backend", "DataLoader", "Shm"]
 
 Backend = Literal["process", "thread", "auto"]
+Shm = Literal["auto", "require"]
 #: Workers a loader with ``num_workers="auto"`` starts with (None: the usable cores).
 AUTO_START_WORKERS: int | None = None
 
@@ -133,6 +134,11 @@ class DataLoader(tud.DataLoader):
             each epoch. At the first ``iter()`` the ranks compare dataset length,
             ``batch_size``, seed, ``drop_last`` and shuffle, and raise on a mismatch.
             :meth:`load_state_dict` resumes mid-epoch at another world size.
+        shm: what a process worker does with a batch its shared-memory directory has no
+            room for (a container's small ``/dev/shm``): ``"auto"`` (default) waits briefly
+            for one of its slots to be released, then sends the batch through the pipe
+            (slower, nothing lost) with one warning; ``"require"`` raises
+            :class:`stoker.SharedMemoryError` instead.
 
     Raises:
         ValueError: for every argument combination torch rejects, with torch's message.
@@ -170,6 +176,7 @@ class DataLoader(tud.DataLoader):
         config: str | os.PathLike[str] | None = None,
         device: str | torch.device | None = None,
         distributed: bool = False,
+        shm: Shm = "auto",
     ) -> None:
         check_arguments(
             shuffle=shuffle,
@@ -189,6 +196,7 @@ class DataLoader(tud.DataLoader):
             max_worker_restarts=max_worker_restarts,
             config=config,
             distributed=distributed,
+            shm=shm,
         )
         if not isinstance(num_workers, str):  # a numpy int: stoker's engine tests for `int`
             num_workers = int(num_workers)
@@ -308,6 +316,7 @@ class DataLoader(tud.DataLoader):
         # not the loader): once a loop's iterator is gone, stats() still describes its epoch.
         self._ended: dict[str, LoaderStats] = {}
         self.distributed = distributed
+        self.shm = shm
         self._coordinator: Any = None
         if distributed:
             from stoker._distributed import Coordinator

@@ -126,3 +126,10 @@ def test_a_type_error_is_both_a_type_error_and_a_value_error() -> None:
     for base in (TypeError, ValueError, stoker.StokerError):
         with pytest.raises(base):
             stoker.DataLoader(DATA, num_workers="x")
+
+
+@pytest.mark.parametrize("value", [0, 1, np.int64(1), np.bool_(True)])
+@pytest.mark.parametrize("name", ["shuffle", "pin_memory", "in_order"])
+def test_flags_given_as_0_or_1_are_accepted_as_torch_accepts_them(name: str, value: Any) -> None:
+    tud.DataLoader(list(range(4)), **{name: value})  # torch takes them
+    stoker.DataLoader(list(range(4)), **{name: value})

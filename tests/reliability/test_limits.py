@@ -236,7 +236,7 @@ def test_missing_shm_dir_is_a_clear_shared_memory_error(tmp_path: Path) -> None:
     assert "STOKER_SHM_DIR" in err["message"], err["message"]
 
 
-def case_full_dir(batch_bytes: int) -> dict[str, Any]:
+def case_full_dir(batch_bytes: int, shm: str = "require") -> dict[str, Any]:
     """A shm directory that is full: ``posix_fallocate`` answers ENOSPC as a full tmpfs does."""
 
     def full(fd: int, offset: int, length: int) -> None:
@@ -249,11 +249,13 @@ def case_full_dir(batch_bytes: int) -> dict[str, Any]:
         def __getitem__(self, i: int) -> Any:
             return i, np.zeros(batch_bytes // 4, dtype=np.uint8)
 
-    return _run_big(Big(40))
+    return _run_big(Big(40), shm)
 
 
-def _run_big(dataset: Any) -> dict[str, Any]:
-    loader = stoker.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
+def _run_big(dataset: Any, shm: str) -> dict[str, Any]:
+    loader = stoker.DataLoader(
+        dataset, batch_size=4, num_workers=2, multiprocessing_context="fork", shm=shm
+    )
     got: list[int] = []
     error: dict[str, Any] = {}
     try:
@@ -278,3 +280,9 @@ def test_full_shm_dir_is_a_clear_error_not_a_sigbus() -> None:
     # The needed bytes are named (at least the batch's size).
     numbers = [int(n) for n in re.findall(r"\d{6,}", message)]
     assert any(n >= batch_bytes for n in numbers), message
+
+
+def test_full_shm_dir_by_default_sends_every_batch_through_the_pipe() -> None:
+    r = run_case(case_full_dir, batch_bytes=1 << 20, shm="auto").result
+    assert r["error"] == {}, r["error"]
+    assert sorted(r["got"]) == list(range(40))

@@ -22,7 +22,7 @@ from stoker.transport._namespace import (
     open_private_file,
     reclaim_stale_pools,
 )
-from stoker.transport._slots import SlotArena, SlotMap, slot_prefix, unlink_owned
+from stoker.transport._slots import SlotArena, SlotMap, slot_prefix, unlink_owned, warn_no_room
 
 __all__ = [
     "PoolNamespace",
@@ -36,4 +36,5 @@ __all__ = [
     "reclaim_stale_pools",
     "slot_prefix",
     "unlink_owned",
+    "warn_no_room",
 ]

@@ -6,12 +6,14 @@ import ctypes
 import errno
 import mmap
 import os
+import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from stoker._platform import shm_dir, shm_free_bytes
+from stoker._platform import shm_dir, shm_free_bytes, shm_total_bytes
 from stoker.errors import SharedMemoryError
 from stoker.transport._mapping import map_file
 from stoker.transport._namespace import create_private_file
@@ -24,6 +26,7 @@ __all__ = [
     "SlotMap",
     "slot_prefix",
     "unlink_owned",
+    "warn_no_room",
 ]
 
 SLOT_PREFIX = "stoker-"
@@ -35,6 +38,14 @@ FREE = 0
 BUSY = 1
 # A slot is created this much larger than the batch that needed it, to absorb small growth.
 GROWTH_FACTOR = 1.25
+# Bytes a new slot leaves free in the directory (for the status table, other loaders' first
+# slots, and the rest of the system's use of /dev/shm).
+SHM_HEADROOM = 1 << 20
+# Longest a worker waits for one of its slots to be released when no new one can be made
+# (then the batch crosses through the pipe: a training step slower than this gains nothing
+# from waiting longer), and how often it looks.
+SLOT_WAIT_S = 0.25
+SLOT_POLL_S = 0.0005
 _PAGE = mmap.PAGESIZE
 
 
@@ -73,12 +84,25 @@ class SlotArena:
             ordinary (pickled) path.
         directory: the pool's private directory (:class:`PoolNamespace`). Default:
             ``stoker._platform.shm_dir()`` (tests only: a pool never writes there directly).
+        require: raise :class:`SharedMemoryError` when the directory has no room for a slot,
+            instead of leaving the batch to the ordinary path (``shm="require"``).
+
+    Attributes:
+        short: slots this arena could not create because the directory had no room.
     """
 
     def __init__(
-        self, prefix: str, worker_id: int, budget_bytes: int, directory: str | None = None
+        self,
+        prefix: str,
+        worker_id: int,
+        budget_bytes: int,
+        directory: str | None = None,
+        *,
+        require: bool = False,
     ) -> None:
         self._dir = directory or shm_dir()
+        self._require = require
+        self.short = 0
         self._prefix = f"{prefix}w{worker_id}-{os.getpid()}-"
         self._budget = budget_bytes
         self._slots: list[_Slot] = []
@@ -104,6 +128,11 @@ class SlotArena:
                     break
             else:
                 return None
+        # A directory without room is seen before trying: a failed fallocate on tmpfs
+        # allocates (and zeroes) every free page before giving them back.
+        if shm_free_bytes(self._dir) < size + SHM_HEADROOM:
+            self._no_room(size, None)
+            return None
         self._counter += 1
         name = f"{self._prefix}{self._counter}"
         path = os.path.join(self._dir, name)
@@ -116,13 +145,8 @@ class SlotArena:
             except OSError as exc:
                 os.unlink(path)
                 if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-                    raise SharedMemoryError(
-                        exc.errno,
-                        f"{self._dir} has {shm_free_bytes(self._dir)} bytes free but a batch "
-                        f"slot needs {size}: give the container more shared memory "
-                        "(`docker run --shm-size=2g`), set STOKER_SHM_DIR to a larger tmpfs, "
-                        "or lower `prefetch_factor`/`batch_size`.",
-                    ) from exc
+                    self._no_room(size, exc)
+                    return None
                 raise
         finally:
             os.close(fd)
@@ -130,6 +154,21 @@ class SlotArena:
         slot = _Slot(name, buf, size, torch.frombuffer(buf, dtype=torch.uint8))
         self._slots.append(slot)
         return slot
+
+    def _no_room(self, size: int, exc: OSError | None) -> None:
+        """The directory cannot hold a slot of ``size`` now: the batch takes the ordinary
+        path (the pipe), or, with ``require``, the error."""
+        self.short += 1
+        if not self._require:
+            return
+        raise SharedMemoryError(
+            errno.ENOSPC,
+            f"{self._dir} has {shm_free_bytes(self._dir)} bytes free but a batch slot needs "
+            f"{size}: give the container more shared memory (`docker run --shm-size=2g`), set "
+            "STOKER_SHM_DIR to a larger tmpfs, or lower `prefetch_factor`/`batch_size` "
+            '(`shm="require"` makes this an error; by default such batches cross through '
+            "the pipe).",
+        ) from exc
 
     def _retire(self, slot: _Slot) -> None:
         self._slots.remove(slot)
@@ -139,8 +178,14 @@ class SlotArena:
             pass
         self.retired.append(slot.name)
 
-    def begin(self) -> None:
-        """Start a batch: pick a free slot of the current size (creating none yet)."""
+    def begin(self, *, wait: bool = False) -> None:
+        """Start a batch: pick a free slot of the current size, or create one.
+
+        Args:
+            wait: when no slot can be made, wait for one of this worker's slots to be
+                released (:meth:`reserve` does, once the batch is loaded: a worker never
+                waits for a slot before loading, so loading overlaps the wait).
+        """
         self.current = None
         self._top = HEADER_BYTES
         if not self._want:
@@ -154,6 +199,25 @@ class SlotArena:
         for slot in [s for s in self._slots if s.free and s.size < self._want]:
             self._retire(slot)
         self.current = self._create(self._want)
+        if self.current is None and wait:
+            self.current = self._await_release(self._want)
+
+    def _await_release(self, size: int) -> _Slot | None:
+        """No new slot can be made (no room, or over budget): wait up to
+        :data:`SLOT_WAIT_S` for the training loop to drop a batch held in one of this
+        worker's slots, so that a small directory means fewer batches in flight rather than
+        batches through the pipe; None if none is released in time."""
+        held = [s for s in self._slots if s.size >= size]
+        if not held:
+            return None
+        deadline = time.monotonic() + SLOT_WAIT_S
+        while True:
+            for slot in held:
+                if slot.free:
+                    return slot
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(SLOT_POLL_S)
 
     def reserve(self, needed: int) -> bool:
         """Make the current slot one that holds ``needed`` data bytes; False if over budget.
@@ -163,7 +227,7 @@ class SlotArena:
         total = HEADER_BYTES + needed
         self._want = max(self._want, _round_up(int(total * GROWTH_FACTOR), _PAGE))
         self.current = None
-        self.begin()
+        self.begin(wait=True)
         self._top = HEADER_BYTES
         return self.current is not None
 
@@ -286,3 +350,21 @@ def unlink_owned(prefix: str, directory: str | None = None) -> int:
             except FileNotFoundError:
                 pass
     return count
+
+
+def warn_no_room(directory: str, batch_bytes: int) -> None:
+    """Warn (once per loader: the caller's to ensure) that a batch crossed through the pipe
+    because no slot could hold it."""
+    mib = 1 << 20
+    directory = directory or shm_dir()
+    warnings.warn(
+        f"a batch of {batch_bytes / mib:.1f} MiB did not fit in a shared-memory slot "
+        f"({os.path.dirname(directory) or directory}: {shm_free_bytes(directory) / mib:.1f} MiB "
+        f"free of {shm_total_bytes(directory) / mib:.1f} MiB) and crossed through the pipe, "
+        "which copies it twice; later batches that do not fit do the same, nothing is lost. "
+        "Give the container more shared memory (`docker run --shm-size=1g`), point "
+        "STOKER_SHM_DIR at a larger tmpfs, or lower `batch_size`/`prefetch_factor`; "
+        '`shm="require"` makes this an error instead.',
+        RuntimeWarning,
+        stacklevel=4,
+    )

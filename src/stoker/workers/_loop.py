@@ -58,6 +58,10 @@ _PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
+# A data reply's fallback field when the batch crossed the pipe for want of shared memory.
+NO_ROOM = 2
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything a worker needs besides the dataset (small, picklable)."""
@@ -74,6 +78,7 @@ class WorkerSpec:
     drop_last: bool
     on_error: str = "raise"
     pdeathsig: bool = True
+    shm_require: bool = False  # no room for a slot is an error, not the pipe (shm="require")
 
 
 def _cleanup_pool_files(prefix: str) -> None:
@@ -214,7 +219,11 @@ class _Worker:
         self.fetcher: Any = None
         self.fetcher_error: BaseException | None = None
         self.arena = SlotArena(
-            spec.slot_prefix, spec.worker_id, spec.slot_budget, directory=spec.shm_dir
+            spec.slot_prefix,
+            spec.worker_id,
+            spec.slot_budget,
+            directory=spec.shm_dir,
+            require=spec.shm_require,
         )
         self.blocked = BlockedSampler()
 
@@ -303,6 +312,7 @@ class _Worker:
             batch, failures = fetch_stream(
                 self.fetcher, error, self.spec.on_error, index, seed, stop
             )
+            short = arena.short
             enc = encode(batch, arena)
             del batch
             sampled = self.blocked.end()
@@ -342,7 +352,8 @@ class _Worker:
                 enc.slot,
                 arena.take_retired(),
                 enc.payload,
-                enc.fallback,
+                # 0: in a slot; NO_ROOM: the directory had no room for one; 1: over budget.
+                (NO_ROOM if arena.short > short else 1) if enc.fallback else 0,
                 failures,
                 self._dataset_state(),
             )
