@@ -122,8 +122,8 @@ class LMDBDataset(tud.Dataset[Any]):
             Default ``None``.
         transform: applied to each sample after decoding. Default ``None``.
         max_image_pixels: images declaring more pixels are refused before decoding. Default
-            Pillow's own threshold (``stoker.shards.MAX_IMAGE_PIXELS``, 89,478,485); ``None``
-            for no limit.
+            89,478,485, Pillow's own threshold (Pillow's process-wide setting is neither read
+            nor changed); ``None`` for no limit.
         max_sample_bytes: a sample whose records take more bytes is refused before they are
             copied. Default 256 MiB; ``None`` for no limit.
 
@@ -191,10 +191,10 @@ class LMDBDataset(tud.Dataset[Any]):
                         f"{self.path}: record {dbkey!r} vanished since the dataset was opened"
                     )
                 views.append((ext, view))
+            sizes = {f"{key}.{ext}": len(view) for ext, view in views}
             check_sample_bytes(
-                f"LMDB sample {key!r} of {self.path} (records "
-                f"{', '.join(repr(dbkey) for _, dbkey in members)})",
-                sum(len(v) for _, v in views),
+                f"LMDB sample {key!r} of {self.path} ({sizes})",
+                sum(sizes.values()),
                 self._max_bytes,
             )
             for ext, view in views:
