@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 from pathlib import Path
 
@@ -14,11 +12,11 @@ HERE = Path(__file__).parent
 
 
 def run_cli(command: str, *argv: str) -> int:
-    """Run `stoker pack` / `stoker index` through their own parser and `run`."""
-    module = importlib.import_module(f"stoker.shards._{command}_cli")
-    parser = argparse.ArgumentParser(prog=f"stoker {command}")
-    module.configure(parser)
-    return int(module.run(parser.parse_args(list(argv))))
+    """Run `stoker pack` / `stoker index` as the console script does (its exit status: 2 for a
+    usage error, which ``stoker.cli.main`` reports)."""
+    from stoker.cli import main
+
+    return main([command, *argv])
 
 
 def subprocess_env() -> dict[str, str]:

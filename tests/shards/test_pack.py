@@ -120,7 +120,7 @@ def test_refuses_a_non_empty_output_and_bad_arguments(image_folder: Path, tmp_pa
         pack(image_folder, tmp_path / "afile")
     with pytest.raises(ShardError, match="does not exist"):
         pack(tmp_path / "nope", tmp_path / "o4")
-    assert run_cli("pack", str(image_folder), str(out), "--no-progress") == 1
+    assert run_cli("pack", str(image_folder), str(out), "--no-progress") == 2  # usage error
 
 
 def test_parse_size() -> None:

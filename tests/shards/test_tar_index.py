@@ -15,7 +15,8 @@ from stoker.shards import IncompleteShardsError, ShardError, build_index, read_i
 from stoker.shards._index import INDEX_NAME, describe_shard
 from stoker.shards._tar import encode_sample, end_of_archive, split_name
 
-_key = st.from_regex(r"[A-Za-z0-9_\-/]{0,20}[A-Za-z0-9_\-]{1,130}", fullmatch=True)
+# Relative names only: an absolute key is refused (test_untrusted).
+_key = st.from_regex(r"([A-Za-z0-9_\-][A-Za-z0-9_\-/]{0,19})?[A-Za-z0-9_\-]{1,130}", fullmatch=True)
 _ext = st.from_regex(r"[a-z0-9]{1,5}(\.[a-z0-9]{1,4})?", fullmatch=True)
 
 

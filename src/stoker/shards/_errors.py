@@ -3,16 +3,22 @@
 ::
 
     StokerError
+    ├── ConfigError
+    │   └── ShardArgumentError     (also a ShardError) see below
     └── ShardError                 shards, their index or a pack source are unusable
         ├── CorruptShardError      a shard's bytes differ from its index (names shard + offset)
-        └── IncompleteShardsError  a directory without a complete index (interrupted pack)
+        ├── IncompleteShardsError  a directory without a complete index (interrupted pack)
+        └── ShardArgumentError     a path or option given to pack/index cannot be used as given
+
+``stoker pack`` and ``stoker index`` exit with status 2 on a ``ConfigError`` (the command was
+called wrong: the message names the value and the fix) and 1 on any other ``ShardError``.
 """
 
 from __future__ import annotations
 
-from stoker.errors import StokerError
+from stoker.errors import ConfigError, StokerError
 
-__all__ = ["CorruptShardError", "IncompleteShardsError", "ShardError"]
+__all__ = ["CorruptShardError", "IncompleteShardsError", "ShardArgumentError", "ShardError"]
 
 
 class ShardError(StokerError):
@@ -43,3 +49,8 @@ def _rebuild_corrupt(message: str, shard: str, offset: int) -> CorruptShardError
 
 class IncompleteShardsError(ShardError):
     """A shard directory has no complete ``index.json`` (an interrupted or foreign pack)."""
+
+
+class ShardArgumentError(ShardError, ConfigError):
+    """A source, output directory or option cannot be used as given (a missing path, a
+    non-empty output, a folder other users may write to); the message names it and the fix."""

@@ -13,6 +13,14 @@ Schema (version 1)::
 ``chunk_crc32`` holds the CRC-32 of every ``chunk_size`` bytes of the shard, so that a
 corrupted byte can be located to a chunk and a member once the sha256 disagrees. The file is
 written atomically and deterministically (sorted keys, no timestamps).
+
+An index is data from wherever the shards came from. :func:`read_index` checks every field
+before anything uses it: integers are JSON integers (not booleans, floats or strings) within
+their bounds, every member lies inside its shard's declared size (the reader checks that size
+against the file when it maps it), names are plain file names, lists are lists. Anything else
+is a :class:`ShardError` naming the file, the field and the value, so that no index can make a
+read return bytes from outside its member, and nothing is allocated in proportion to a number
+the file declares.
 """
 
 from __future__ import annotations
@@ -20,29 +28,36 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tarfile
+import re
+import reprlib
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from stoker.shards._errors import IncompleteShardsError, ShardError
+from stoker.shards._errors import IncompleteShardsError, ShardArgumentError, ShardError
+from stoker.shards._files import check_output_dir, open_regular, read_regular, write_atomic
 from stoker.shards._tar import scan_tar, split_name
 
 __all__ = [
     "CHUNK_SIZE",
     "FORMAT",
     "INDEX_NAME",
+    "MAX_INDEX_BYTES",
+    "MAX_META_DEPTH",
+    "MAX_SHARD_BYTES",
     "PACK_STATE_NAME",
     "VERSION",
     "ShardIndex",
     "ShardInfo",
     "build_index",
     "describe_shard",
+    "parse_index",
     "read_index",
+    "shard_name_problem",
     "write_index",
 ]
 
@@ -52,6 +67,89 @@ INDEX_NAME = "index.json"
 PACK_STATE_NAME = ".stoker-pack.json"
 CHUNK_SIZE = 1 << 16
 _READ_SIZE = 1 << 22
+#: Largest ``index.json`` read. An index takes about 50 bytes per sample, so this holds some
+#: five million; parsed, an index takes several times its size in memory.
+MAX_INDEX_BYTES = 256 * 1024 * 1024
+#: Largest shard size (and so member offset or size) an index may declare: an offset plus a
+#: size then always fits in an int64.
+MAX_SHARD_BYTES = 1 << 62
+#: Deepest nesting of the free-form ``meta`` (deeper would break pickling to workers).
+MAX_META_DEPTH = 32
+_CRC_MAX = (1 << 32) - 1
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_SHARD_FIELDS = (
+    "name",
+    "size",
+    "sha256",
+    "samples",
+    "keys",
+    "fields",
+    "pattern",
+    "offsets",
+    "sizes",
+    "chunk_size",
+    "chunk_crc32",
+)
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
+_repr.maxlist = _repr.maxdict = 4
+_repr.maxlong = 40
+
+
+def _invalid(field: str, value: object, rule: str) -> ShardError:
+    return ShardError(f"`{field}` {rule}. Found: {_repr.repr(value)}.")
+
+
+def _int(value: object, field: str, lo: int, hi: int, rule: str = "") -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise _invalid(field, value, rule or f"must be an integer from {lo} to {hi}")
+    return value
+
+
+_ITEM_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def _list(value: object, field: str, item: type) -> list[Any]:
+    if type(value) is not list:
+        raise _invalid(field, value, f"must be a list, each item {_ITEM_NAMES[item]}")
+    if not set(map(type, value)) <= {item}:
+        i = next(i for i, v in enumerate(value) if type(v) is not item)
+        raise _invalid(f"{field}[{i}]", value[i], f"must be {_ITEM_NAMES[item]}")
+    return value
+
+
+def _int_array(value: object, field: str, lo: int, hi: int) -> np.ndarray:
+    items = _list(value, field, int)
+    try:
+        array = np.array(items, dtype=np.int64)
+    except OverflowError:
+        i = next(i for i, v in enumerate(items) if not -(1 << 63) <= v < 1 << 63)
+        raise _invalid(f"{field}[{i}]", items[i], f"must be from {lo} to {hi}") from None
+    bad = (array < lo) | (array > hi)
+    if bad.any():
+        i = int(bad.argmax())
+        raise _invalid(f"{field}[{i}]", items[i], f"must be from {lo} to {hi}")
+    return array
+
+
+def shard_name_problem(name: object) -> str | None:
+    """Why ``name`` may not be a shard's file name, or ``None`` when it may: it must be a
+    non-empty string, not ``.`` or ``..``, without ``/``, ``\\`` or NUL."""
+    if type(name) is not str or not name:
+        return "must be a non-empty string"
+    if name in (".", "..") or any(c in name for c in "/\\\0"):
+        return "must be a file name in the shard folder (not '.' or '..', no '/', '\\' or NUL)"
+    return None
+
+
+def _check_depth(value: object, field: str, limit: int) -> None:
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                raise _invalid(field, value, f"must not nest deeper than {limit} levels")
+            stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,18 +184,18 @@ class ShardInfo:
 
     def __post_init__(self) -> None:
         if len(self.pattern) != len(self.keys):
-            raise ValueError(f"{self.name}: {len(self.keys)} keys but {len(self.pattern)} patterns")
+            raise ShardError(f"{self.name}: {len(self.keys)} keys but {len(self.pattern)} patterns")
         lengths = np.array([len(f) for f in self.fields], dtype=np.int64)
         counts = lengths[self.pattern] if len(self.pattern) else np.zeros(0, np.int64)
         starts = np.zeros(len(self.keys) + 1, dtype=np.int64)
         np.cumsum(counts, out=starts[1:])
         if starts[-1] != len(self.offsets) or len(self.offsets) != len(self.sizes):
-            raise ValueError(
+            raise ShardError(
                 f"{self.name}: the samples' fields name {int(starts[-1])} members but there are "
                 f"{len(self.offsets)} offsets and {len(self.sizes)} sizes"
             )
         if len(self.offsets) and int((self.offsets + self.sizes).max()) > self.size:
-            raise ValueError(f"{self.name}: a member ends past the shard's size {self.size}")
+            raise ShardError(f"{self.name}: a member ends past the shard's size {self.size}")
         object.__setattr__(self, "starts", starts)
 
     @property
@@ -136,26 +234,77 @@ class ShardInfo:
         }
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> ShardInfo:
-        info = cls(
-            name=str(obj["name"]),
-            size=int(obj["size"]),
-            sha256=str(obj["sha256"]),
-            keys=tuple(map(str, obj["keys"])),
-            fields=tuple(tuple(map(str, f)) for f in obj["fields"]),
-            pattern=np.asarray(obj["pattern"], dtype=np.int64),
-            offsets=np.asarray(obj["offsets"], dtype=np.int64),
-            sizes=np.asarray(obj["sizes"], dtype=np.int64),
-            chunk_size=int(obj["chunk_size"]),
-            chunk_crc32=tuple(int(c) for c in obj["chunk_crc32"]),
+    def from_json(cls, obj: object, where: str = "shard") -> ShardInfo:
+        """Build a shard's description from its index entry, checking every field.
+
+        Args:
+            obj: the parsed JSON entry.
+            where: names the entry in messages (``"shards[3]"``).
+
+        Raises:
+            ShardError: naming the first field that is missing, of the wrong type, out of
+                bounds or inconsistent with the others, and its value.
+        """
+        if type(obj) is not dict:
+            raise _invalid(where, obj, "must be a JSON object")
+        missing = [k for k in _SHARD_FIELDS if k not in obj]
+        if missing:
+            raise ShardError(f"`{where}.{missing[0]}` is missing.")
+        problem = shard_name_problem(obj["name"])
+        if problem is not None:
+            raise _invalid(f"{where}.name", obj["name"], problem)
+        size = _int(obj["size"], f"{where}.size", 0, MAX_SHARD_BYTES)
+        sha256 = obj["sha256"]
+        if type(sha256) is not str or not _SHA256_RE.fullmatch(sha256):
+            raise _invalid(f"{where}.sha256", sha256, "must be 64 lower-case hex digits")
+        keys = _list(obj["keys"], f"{where}.keys", str)
+        n = len(keys)
+        _int(obj["samples"], f"{where}.samples", n, n, f"must be the number of keys, {n}")
+        fields = _list(obj["fields"], f"{where}.fields", list)
+        for i, exts in enumerate(fields):
+            _list(exts, f"{where}.fields[{i}]", str)
+            if not exts or len(set(exts)) != len(exts):
+                raise _invalid(f"{where}.fields[{i}]", exts, "must list distinct extensions")
+        if keys and not fields:
+            raise _invalid(f"{where}.fields", fields, "must list the samples' extensions")
+        pattern = _int_array(obj["pattern"], f"{where}.pattern", 0, len(fields) - 1)
+        if len(pattern) != len(keys):
+            raise _invalid(f"{where}.pattern", obj["pattern"], f"must have {len(keys)} entries")
+        members = int(np.array([len(e) for e in fields], dtype=np.int64)[pattern].sum())
+        offsets = _int_array(obj["offsets"], f"{where}.offsets", 0, size)
+        sizes = _int_array(obj["sizes"], f"{where}.sizes", 0, size)
+        for name, array in (("offsets", offsets), ("sizes", sizes)):
+            if len(array) != members:
+                raise _invalid(
+                    f"{where}.{name}", obj[name], f"must have {members} entries (one per member)"
+                )
+        past = offsets + sizes > size  # no overflow: both are at most MAX_SHARD_BYTES
+        if past.any():
+            j = int(past.argmax())
+            raise _invalid(
+                f"{where}.offsets[{j}] + {where}.sizes[{j}]",
+                int(offsets[j]) + int(sizes[j]),
+                f"must be at most the shard's size {size}",
+            )
+        chunk_size = _int(obj["chunk_size"], f"{where}.chunk_size", 1, MAX_SHARD_BYTES)
+        crcs = _int_array(obj["chunk_crc32"], f"{where}.chunk_crc32", 0, _CRC_MAX)
+        chunks = -(-size // chunk_size)
+        if len(crcs) != chunks:
+            raise _invalid(
+                f"{where}.chunk_crc32", obj["chunk_crc32"], f"must have {chunks} entries"
+            )
+        return cls(
+            name=obj["name"],
+            size=size,
+            sha256=sha256,
+            keys=tuple(keys),
+            fields=tuple(tuple(e) for e in fields),
+            pattern=pattern,
+            offsets=offsets,
+            sizes=sizes,
+            chunk_size=chunk_size,
+            chunk_crc32=tuple(crcs.tolist()),
         )
-        if int(obj["samples"]) != info.samples or "/" in info.name or info.chunk_size <= 0:
-            raise ValueError(f"{info.name}: inconsistent 'samples', 'name' or 'chunk_size'")
-        if len(info.pattern) and (info.pattern.min() < 0 or info.pattern.max() >= len(info.fields)):
-            raise ValueError(f"{info.name}: 'pattern' points outside 'fields'")
-        if len(info.chunk_crc32) != -(-info.size // info.chunk_size):
-            raise ValueError(f"{info.name}: {len(info.chunk_crc32)} chunk checksums")
-        return info
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,18 +334,18 @@ class ShardIndex:
         }
 
 
-def file_checksums(
-    path: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE
-) -> tuple[str, list[int]]:
-    """sha256 of a whole file and CRC-32 of each ``chunk_size`` chunk, in one pass."""
+def file_checksums(f: BinaryIO, size: int, chunk_size: int = CHUNK_SIZE) -> tuple[str, list[int]]:
+    """sha256 of the first ``size`` bytes of ``f`` and the CRC-32 of each ``chunk_size`` chunk
+    of them, in one pass from the current position."""
     digest = hashlib.sha256()
     crcs: list[int] = []
     read = max(chunk_size, _READ_SIZE // chunk_size * chunk_size)
-    with open(path, "rb") as f:
-        while block := f.read(read):
-            digest.update(block)
-            view = memoryview(block)
-            crcs += [zlib.crc32(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size)]
+    left = size
+    while left > 0 and (block := f.read(min(read, left))):
+        left -= len(block)
+        digest.update(block)
+        view = memoryview(block)
+        crcs += [zlib.crc32(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size)]
     return digest.hexdigest(), crcs
 
 
@@ -204,7 +353,7 @@ def describe_shard(path: str | os.PathLike[str]) -> ShardInfo:
     """Scan one tar file and describe it as an index entry.
 
     Members are grouped into samples as WebDataset groups them (consecutive members with the
-    same key); members without an extension, and non-regular entries, are skipped.
+    same key); members without an extension, and folder entries, are skipped.
 
     Args:
         path: the tar file.
@@ -213,17 +362,22 @@ def describe_shard(path: str | os.PathLike[str]) -> ShardInfo:
         The :class:`ShardInfo`.
 
     Raises:
-        ShardError: if the file is not a readable uncompressed tar, or a key repeats an
-            extension.
+        ShardError: if the file is not a regular file or not a readable uncompressed tar, if
+            it holds a member that is not a regular file (a link, device, FIFO, sparse file)
+            or has an absolute name or a ``..`` component, or a key repeats an extension.
     """
     path = Path(path)
     try:
-        entries = scan_tar(str(path))
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ShardError(
-            f"{path} is not a readable uncompressed tar archive ({exc}): shards must be plain "
-            "`.tar` files (decompress `.tar.gz` first)."
-        ) from exc
+        fd, st = open_regular(path)
+    except OSError as exc:
+        raise ShardError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
+    with open(fd, "rb") as f:
+        try:
+            entries = scan_tar(f, st.st_size, str(path))
+            f.seek(0)
+            sha, crcs = file_checksums(f, st.st_size)
+        except OSError as exc:
+            raise ShardError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
     keys: list[str] = []
     exts: list[list[str]] = []
     offsets: list[int] = []
@@ -246,10 +400,9 @@ def describe_shard(path: str | os.PathLike[str]) -> ShardInfo:
         sizes.append(entry.size)
     table: dict[tuple[str, ...], int] = {}
     pattern = [table.setdefault(tuple(e), len(table)) for e in exts]
-    sha, crcs = file_checksums(path)
     return ShardInfo(
         name=path.name,
-        size=path.stat().st_size,
+        size=st.st_size,
         sha256=sha,
         keys=tuple(keys),
         fields=tuple(table),
@@ -259,25 +412,6 @@ def describe_shard(path: str | os.PathLike[str]) -> ShardInfo:
         chunk_size=CHUNK_SIZE,
         chunk_crc32=tuple(crcs),
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def write_index(directory: str | os.PathLike[str], index: ShardIndex) -> Path:
@@ -292,8 +426,37 @@ def write_index(directory: str | os.PathLike[str], index: ShardIndex) -> Path:
     return path
 
 
+def parse_index(obj: object) -> ShardIndex:
+    """Build a :class:`ShardIndex` from parsed ``index.json``, checking every field.
+
+    Raises:
+        ShardError: naming the first field that is missing, of the wrong type, out of bounds
+            or inconsistent with the others, and its value.
+    """
+    if type(obj) is not dict:
+        raise _invalid("(top level)", obj, "must be a JSON object")
+    fmt, version = obj.get("format"), obj.get("version")
+    if fmt != FORMAT or type(version) is not int or version != VERSION:
+        raise ShardError(
+            f"`format` and `version` must be {FORMAT!r} and {VERSION}. Found: "
+            f"{_repr.repr(fmt)} and {_repr.repr(version)}."
+        )
+    shards = _list(obj.get("shards"), "shards", dict)
+    meta = obj.get("meta", {})
+    if type(meta) is not dict:
+        raise _invalid("meta", meta, "must be a JSON object")
+    _check_depth(meta, "meta", MAX_META_DEPTH)
+    index = ShardIndex(
+        shards=tuple(ShardInfo.from_json(s, f"shards[{i}]") for i, s in enumerate(shards)),
+        meta=meta,
+    )
+    total = index.samples
+    _int(obj.get("samples"), "samples", total, total, f"must be the shards' {total} samples")
+    return index
+
+
 def read_index(directory: str | os.PathLike[str]) -> ShardIndex:
-    """Read and validate a directory's ``index.json``.
+    """Read and validate a directory's ``index.json`` (see the module docstring).
 
     Args:
         directory: the shard directory.
@@ -304,7 +467,8 @@ def read_index(directory: str | os.PathLike[str]) -> ShardIndex:
     Raises:
         IncompleteShardsError: if there is no index (naming `stoker pack --resume` when an
             interrupted pack is found, `stoker index` when foreign tar files are).
-        ShardError: if the index cannot be parsed or is inconsistent.
+        ShardError: if the index is not a regular file of at most :data:`MAX_INDEX_BYTES`,
+            cannot be parsed, or fails a check (the message names the field and its value).
     """
     directory = Path(directory)
     path = directory / INDEX_NAME
@@ -329,25 +493,21 @@ def read_index(directory: str | os.PathLike[str]) -> ShardIndex:
             else f"write shards into it with `stoker pack SRC {directory}`"
         )
         raise IncompleteShardsError(f"{directory} has no {INDEX_NAME}: {hint}.")
+    fix = f"Rebuild it with `stoker index {directory}`, or re-pack the shards."
     try:
-        obj = json.loads(path.read_text())
-        if obj.get("format") != FORMAT or obj.get("version") != VERSION:
-            raise ValueError(
-                f"format {obj.get('format')!r} version {obj.get('version')!r}, expected "
-                f"{FORMAT!r} version {VERSION}"
-            )
-        index = ShardIndex(
-            shards=tuple(ShardInfo.from_json(s) for s in obj["shards"]),
-            meta=dict(obj.get("meta", {})),
-        )
-        if index.samples != obj["samples"]:
-            raise ValueError(f"'samples' says {obj['samples']}, the shards hold {index.samples}")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ShardError(
-            f"{path} is not a valid stoker shard index ({exc}); rebuild it with "
-            f"`stoker index {directory}`."
-        ) from exc
-    return index
+        data = read_regular(path, MAX_INDEX_BYTES, "shard index")
+    except OSError as exc:
+        raise ShardError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
+    except ShardError as exc:
+        raise ShardError(f"{exc} {fix}") from exc
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError too
+        raise ShardError(f"{path} is not a stoker shard index: not JSON ({exc}). {fix}") from exc
+    try:
+        return parse_index(obj)
+    except ShardError as exc:
+        raise ShardError(f"{path} is not a valid stoker shard index: {exc} {fix}") from exc
 
 
 def build_index(
@@ -368,15 +528,28 @@ def build_index(
         The :class:`ShardIndex`, also written to ``directory/index.json``.
 
     Raises:
-        ShardError: if there are no tar files or one cannot be read.
+        ShardArgumentError: if the directory does not exist, is not a directory, has no tar
+            files, is writable by other users (see :func:`check_output_dir`), or a name in
+            ``shards`` is not a plain file name.
+        ShardError: if a tar file cannot be read or indexed.
     """
     directory = Path(directory)
+    fix = "pass the folder that holds the `.tar` shards"
+    if not directory.exists():
+        raise ShardArgumentError(f"{str(directory)!r} does not exist: {fix}.")
+    if not directory.is_dir():
+        raise ShardArgumentError(f"{str(directory)!r} is not a folder: {fix}.")
     names = sorted(p.name for p in directory.glob("*.tar")) if shards is None else list(shards)
+    for name in names:
+        problem = shard_name_problem(name)
+        if problem is not None:
+            raise ShardArgumentError(f"`shards` entry {name!r} {problem}.")
     if not names:
-        raise ShardError(
+        raise ShardArgumentError(
             f"{directory} has no `.tar` files to index; write shards with "
             f"`stoker pack SRC {directory}`."
         )
+    check_output_dir(directory)
     index = ShardIndex(tuple(describe_shard(directory / n) for n in names), dict(meta or {}))
     write_index(directory, index)
     return index

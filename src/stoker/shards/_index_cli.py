@@ -1,9 +1,14 @@
-"""``stoker index DIR``: build ``index.json`` for tar shards written by other tools."""
+"""``stoker index DIR``: build ``index.json`` for tar shards written by other tools.
+
+Exit status (:func:`stoker.cli.main`'s convention): 0 when indexed; 2 when DIR cannot be used
+as given (it does not exist, is not a folder, holds no ``.tar`` file, or other users may write
+to it: :func:`run` raises the :class:`stoker.ConfigError`); 1 when a shard cannot be indexed,
+with one line on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 __all__ = ["configure", "run"]
 
@@ -18,14 +23,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Index the shards; print a summary. Returns 0, or 1 with a message on a shard error."""
-    from stoker.errors import StokerError
+    """Index the shards; print a summary. Returns 0, or 1 with one line on stderr when a shard
+    cannot be indexed.
+
+    Raises:
+        ConfigError: a usage error (reported by :func:`stoker.cli.main`, status 2).
+    """
+    from stoker.errors import ConfigError, StokerError
     from stoker.shards._index import build_index
+    from stoker.shards._pack_cli import report_failure
 
     try:
         index = build_index(args.directory)
-    except StokerError as exc:
-        print(f"stoker index: {exc}", file=sys.stderr)
-        return 1
+    except ConfigError:
+        raise
+    except (StokerError, OSError) as exc:
+        return report_failure("index", exc)
     print(f"indexed {index.samples} samples in {len(index.shards)} shards of {args.directory}")
     return 0

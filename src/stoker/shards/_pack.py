@@ -5,6 +5,9 @@ to a :class:`ShardWriter`. The output therefore depends only on the source and
 ``shard_size``, never on ``workers``. A ``.stoker-pack.json`` written first records the pack's
 parameters; ``index.json`` is written last and the state file removed, so a directory with
 shards but no index is recognisably unfinished and ``resume=True`` finishes it.
+
+Every file is written under an unpredictable temporary name and renamed into place
+(:mod:`stoker.shards._files`), into an output folder that other users cannot write to.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -22,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import ConfigError
-from stoker.shards._errors import ShardError
+from stoker.shards._errors import ShardArgumentError, ShardError
+from stoker.shards._files import check_output_dir, read_regular, write_atomic
 from stoker.shards._index import (
     INDEX_NAME,
     PACK_STATE_NAME,
     ShardIndex,
     ShardInfo,
     describe_shard,
-    write_atomic,
     write_index,
 )
 from stoker.shards._sources import Source, SourceFormat, open_source
@@ -44,6 +48,10 @@ CHUNKSIZE = 16
 # Chunks in flight per worker: enough to keep every worker busy, few enough that encoded
 # samples waiting for an earlier chunk do not pile up in memory.
 IN_FLIGHT_PER_WORKER = 4
+# Largest .stoker-pack.json read back by --resume (it holds a few short fields).
+_MAX_STATE_BYTES = 1 << 20
+# Skipped source entries named in the warning.
+_SKIPPED_SHOWN = 5
 
 _source: Source | None = None
 
@@ -66,8 +74,21 @@ def _encode_from(source: Source, index: int) -> EncodedSample:
         raise ShardError(f"sample {index} of {source.description}: {exc}") from exc
 
 
-def _state(source: Source, shard_size: int) -> dict[str, Any]:
-    return {"source": source.description, "samples": len(source), "shard_size": shard_size}
+def _state(source: Source, shard_size: int, follow_links: bool) -> dict[str, Any]:
+    state = {"source": source.description, "samples": len(source), "shard_size": shard_size}
+    if follow_links:  # absent otherwise, as in the state files of earlier versions
+        state["follow_links"] = True
+    return state
+
+
+def _read_state(path: Path) -> object:
+    try:
+        return json.loads(read_regular(path, _MAX_STATE_BYTES, "pack state").decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ShardError(
+            f"{path} is not a pack state stoker wrote ({exc}): remove the folder's contents "
+            "and pack again without `--resume`."
+        ) from exc
 
 
 def _completed(out: Path) -> list[ShardInfo]:
@@ -77,21 +98,24 @@ def _completed(out: Path) -> list[ShardInfo]:
     return shards
 
 
-def _prepare(out: Path, source: Source, shard_size: int, resume: bool) -> list[ShardInfo]:
-    state = _state(source, shard_size)
+def _prepare(
+    out: Path, source: Source, shard_size: int, resume: bool, follow_links: bool
+) -> list[ShardInfo]:
+    state = _state(source, shard_size, follow_links)
     state_path = out / PACK_STATE_NAME
     if resume:
         if (out / INDEX_NAME).exists() and not state_path.exists():
-            raise ShardError(
+            raise ShardArgumentError(
                 f"{out} already holds a complete pack ({INDEX_NAME}); nothing to resume."
             )
         if not state_path.exists():
-            raise ShardError(
+            raise ShardArgumentError(
                 f"{out} has no interrupted pack to resume (no {PACK_STATE_NAME}); drop `--resume`."
             )
-        found = json.loads(state_path.read_text())
+        check_output_dir(out)
+        found = _read_state(state_path)
         if found != state:
-            raise ShardError(
+            raise ShardArgumentError(
                 f"`--resume` must repeat the interrupted pack's source and options: it packed "
                 f"{found}, this call packs {state}."
             )
@@ -101,12 +125,27 @@ def _prepare(out: Path, source: Source, shard_size: int, resume: bool) -> list[S
     leftovers = sorted(p.name for p in out.iterdir()) if out.exists() else []
     if leftovers:
         hint = " or finish the interrupted pack with `--resume`" if state_path.exists() else ""
-        raise ShardError(
+        raise ShardArgumentError(
             f"output directory {out} is not empty ({leftovers[:3]}...): choose an empty one{hint}."
         )
     out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out)
     write_atomic(state_path, json.dumps(state, sort_keys=True).encode())
     return []
+
+
+def _warn_skipped(source: Source) -> None:
+    skipped: list[tuple[str, str]] = getattr(source, "skipped", [])
+    if not skipped:
+        return
+    shown = "; ".join(f"{path!r}: {why}" for path, why in skipped[:_SKIPPED_SHOWN])
+    more = f" (and {len(skipped) - _SKIPPED_SHOWN} more)" if len(skipped) > _SKIPPED_SHOWN else ""
+    count = "1 entry is" if len(skipped) == 1 else f"{len(skipped)} entries are"
+    warnings.warn(
+        f"{source.description}: {count} not packed (only regular files inside the source "
+        f"are): {shown}{more}.",
+        stacklevel=3,
+    )
 
 
 @contextlib.contextmanager
@@ -162,6 +201,7 @@ def pack(
     format: SourceFormat = "auto",
     fields: Sequence[str] | None = None,
     progress: bool = False,
+    follow_links: bool = False,
 ) -> ShardIndex:
     """Pack a dataset into WebDataset-compatible tar shards with an ``index.json``.
 
@@ -177,27 +217,36 @@ def pack(
         format: kind of ``source`` when it is a path; ``"auto"`` (default) guesses.
         fields: HDF5 datasets to pack, or extensions naming the parts of tuple samples.
         progress: show a progress bar (rich) on stderr. Default ``False``.
+        follow_links: in a folder source, follow symbolic links whose target lies inside the
+            source (each folder is walked once, so a loop ends). Default ``False``: links are
+            skipped. Either way FIFOs, sockets and devices are skipped, and every skipped
+            entry is named in a warning.
 
     Returns:
         The index written to ``out/index.json``.
 
     Raises:
-        ConfigError: for a bad ``workers`` or ``shard_size``.
-        ShardError: if the source cannot be read, ``out`` is not empty, or ``resume`` does not
-            match the interrupted pack.
+        ConfigError: for a bad ``workers`` or ``shard_size``; a :class:`ShardArgumentError`
+            (also a :class:`ShardError`) if the source does not exist or cannot be told
+            apart, ``out`` is a file, not empty, writable by other users, or ``resume`` does
+            not match the interrupted pack.
+        ShardError: if the source cannot be read.
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError(f"`workers` must be an int >= 1. Found: {workers!r}.")
+    if not isinstance(follow_links, bool):
+        raise ConfigError(f"`follow_links` must be True or False. Found: {follow_links!r}.")
     src = (
-        open_source(source, fmt=format, fields=fields)
+        open_source(source, fmt=format, fields=fields, follow_links=follow_links)
         if isinstance(source, str | os.PathLike)
         else source
     )
+    _warn_skipped(src)
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ShardError(f"output {out} is a file: pass a directory (empty or absent).")
+        raise ShardArgumentError(f"output {out} is a file: pass a directory (empty or absent).")
     created = not out.exists()
-    done = _prepare(out, src, shard_size, resume)
+    done = _prepare(out, src, shard_size, resume, follow_links)
     start = sum(s.samples for s in done)
     writer: ShardWriter | None = None
     try:

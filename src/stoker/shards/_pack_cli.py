@@ -1,12 +1,20 @@
-"""``stoker pack SRC OUT``: a dataset into indexed, WebDataset-compatible tar shards."""
+"""``stoker pack SRC OUT``: a dataset into indexed, WebDataset-compatible tar shards.
+
+Exit status (:func:`stoker.cli.main`'s convention): 0 when packed; 2 when the command was
+called wrong (a value argparse or stoker refuses: a missing SRC, a non-empty OUT or one other
+users may write to, ``--workers 0``: :func:`run` raises the :class:`stoker.ConfigError`, and
+``main`` prints it below the usage); 1 when the work failed (an unreadable source file, a
+killed worker, a full disk), with one line on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+import warnings
 
-__all__ = ["configure", "parse_size", "run"]
+__all__ = ["configure", "parse_size", "report_failure", "run"]
 
 _UNITS = {
     "": 1,
@@ -74,29 +82,54 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="comma-separated: HDF5 datasets to pack, or extensions naming the parts of tuple "
         "samples (e.g. jpg,cls)",
     )
+    parser.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="follow symbolic links in a SRC folder when their target is inside SRC (default: "
+        "skip them); FIFOs, sockets and devices are always skipped, with a warning",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
 
 
+def _show_warning(message: Warning | str, *_: object, **__: object) -> None:
+    print(f"stoker pack: warning: {message}", file=sys.stderr)
+
+
+def report_failure(command: str, exc: BaseException) -> int:
+    """Print a failed run's error as one line on stderr; return exit status 1."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"stoker {command}: {message}", file=sys.stderr)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
-    """Pack; print a summary. Returns 0, or 1 with a message on a shard error."""
-    from stoker.errors import StokerError
+    """Pack; print a summary. Returns 0, or 1 with one line on stderr when the work fails.
+
+    Raises:
+        ConfigError: a usage error (reported by :func:`stoker.cli.main`, status 2).
+    """
+    from stoker.errors import ConfigError, StokerError
     from stoker.shards._pack import pack
 
     fields = [f for f in args.fields.split(",") if f] if args.fields else None
     try:
-        index = pack(
-            args.source,
-            args.out,
-            shard_size=args.shard_size,
-            workers=args.workers,
-            resume=args.resume,
-            format=args.format,
-            fields=fields,
-            progress=not args.no_progress and sys.stderr.isatty(),
-        )
-    except StokerError as exc:
-        print(f"stoker pack: {exc}", file=sys.stderr)
-        return 1
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # one plain line, no source location
+            index = pack(
+                args.source,
+                args.out,
+                shard_size=args.shard_size,
+                workers=args.workers,
+                resume=args.resume,
+                format=args.format,
+                fields=fields,
+                progress=not args.no_progress and sys.stderr.isatty(),
+                follow_links=args.follow_links,
+            )
+    except ConfigError:
+        raise
+    except (StokerError, OSError) as exc:
+        return report_failure("pack", exc)
     size = sum(s.size for s in index.shards)
     print(
         f"packed {index.samples} samples into {len(index.shards)} shards "

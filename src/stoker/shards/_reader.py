@@ -8,6 +8,10 @@ Verification modes:
 ``"lazy"``  a shard is hashed the first time this process touches it;
 ``"off"``   no hashing; sizes and member bounds are still checked.
 
+A shard must be a regular file at least as large as the index says (every member lies within
+that size, :func:`stoker.shards._index.read_index` checked): it is opened non-blocking, so a
+FIFO under a shard's name is an error rather than a hang.
+
 A sha256 mismatch is located with the per-chunk CRC-32 of the index and reported with the
 shard, the byte range and the member it falls in.
 """
@@ -22,7 +26,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from stoker.errors import ConfigError
-from stoker.shards._errors import CorruptShardError
+from stoker.shards._errors import CorruptShardError, ShardError
+from stoker.shards._files import open_regular
 from stoker.shards._index import ShardIndex, ShardInfo
 
 __all__ = ["ShardReader", "Verify"]
@@ -57,7 +62,7 @@ class ShardReader:
         self.index = index
         self.verify = verify
         self._pid = os.getpid()
-        self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._maps: dict[int, tuple[mmap.mmap | None, memoryview]] = {}
         self._checked: set[int] = set()
         if verify == "full":
             for number in range(len(index.shards)):
@@ -73,6 +78,7 @@ class ShardReader:
         Raises:
             CorruptShardError: if the shard is missing, truncated or (when verifying) differs
                 from the index.
+            ShardError: if it is not a regular file (a FIFO, a folder) or cannot be opened.
         """
         if self._pid != os.getpid():
             self._maps, self._checked, self._pid = {}, set(), os.getpid()
@@ -82,15 +88,11 @@ class ShardReader:
             self._maps[number] = entry
         return entry[1]
 
-    def _map(self, number: int) -> tuple[mmap.mmap, memoryview]:
+    def _map(self, number: int) -> tuple[mmap.mmap | None, memoryview]:
         info = self.index.shards[number]
         path = self.path(number)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < info.size:
-                    self._raise_truncated(info, path, size)
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            fd, st = open_regular(path)
         except FileNotFoundError:
             raise CorruptShardError(
                 f"shard {str(path)!r} is missing (the index lists it with {info.samples} samples): "
@@ -98,13 +100,24 @@ class ShardReader:
                 shard=str(path),
                 offset=0,
             ) from None
-        view = memoryview(mm)
+        except OSError as exc:
+            raise ShardError(f"shard {str(path)!r} cannot be opened ({exc}).") from exc
+        mm: mmap.mmap | None = None
+        try:
+            if st.st_size < info.size:
+                self._raise_truncated(info, path, st.st_size)
+            if st.st_size:  # an empty file cannot be mapped
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        view = memoryview(mm) if mm is not None else memoryview(b"")
         if self.verify != "off" and number not in self._checked:
             try:
                 self._check(info, path, view)
             except CorruptShardError:
                 view.release()
-                mm.close()
+                if mm is not None:
+                    mm.close()
                 raise
             self._checked.add(number)
         return mm, view
@@ -158,7 +171,8 @@ class ShardReader:
         for mm, view in maps.values():
             try:
                 view.release()
-                mm.close()
+                if mm is not None:
+                    mm.close()
             except BufferError:
                 pass  # a sample still references it; it is unmapped when collected
 

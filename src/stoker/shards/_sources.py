@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
@@ -17,7 +18,9 @@ from typing import Any, Literal, Protocol, get_args
 import numpy as np
 
 from stoker.shards._encode import IMAGE_EXTS, encode_value, last_ext
-from stoker.shards._errors import ShardError
+from stoker.shards._errors import ShardArgumentError, ShardError
+from stoker.shards._files import SourceTree, file_kind
+from stoker.shards._limits import MAX_SAMPLE_BYTES
 from stoker.shards._tar import split_name
 
 __all__ = ["Source", "SourceFormat", "open_source"]
@@ -57,25 +60,42 @@ def _visible(name: str) -> bool:
     return not name.startswith(".")
 
 
-class ImageFolderSource:
-    """``root/<class>/**/<image>``: labels are the sorted sub-folder names (torchvision's rule)."""
+def _is_image(name: str) -> bool:
+    return _visible(name) and "." in name and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTS
 
-    def __init__(self, root: Path) -> None:
+
+def _has_ext(name: str) -> bool:
+    return _visible(name) and split_name(name) is not None
+
+
+def _none_found(root: Path, what: str, tree: SourceTree) -> ShardArgumentError:
+    links = sum("symbolic link" in why for _, why in tree.skipped)
+    hint = f" ({links} symbolic links were skipped: `--follow-links` follows them)" if links else ""
+    return ShardArgumentError(f"{root}: {what}{hint}.")
+
+
+class ImageFolderSource:
+    """``root/<class>/**/<image>``: labels are the sorted sub-folder names (torchvision's rule).
+
+    Only regular files inside ``root`` are packed (see :class:`SourceTree`); ``skipped`` names
+    the entries left out.
+    """
+
+    def __init__(self, root: Path, *, follow_links: bool = False) -> None:
         self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and _visible(e.name))
-        self.files: list[tuple[str, int]] = []
-        for label, name in enumerate(self.classes):
-            for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
-                dirnames.sort()
-                for fname in sorted(filenames):
-                    if (
-                        _visible(fname)
-                        and fname.rsplit(".", 1)[-1].lower() in IMAGE_EXTS
-                        and "." in fname
-                    ):
-                        self.files.append((os.path.join(dirpath, fname), label))
+        tree = SourceTree(root, follow_links=follow_links)
+        self.tree = tree
+        self.files: list[tuple[str, str, int]] = [
+            (walked, real, label)
+            for label, found in enumerate(tree.files(self.classes, want=_is_image))
+            for walked, real in found
+        ]
+        self.skipped = tree.skipped
         if not self.files:
-            raise ShardError(
-                f"{root}: no images found under its sub-folders ({', '.join(sorted(IMAGE_EXTS))})."
+            raise _none_found(
+                root,
+                f"no images found under its sub-folders ({', '.join(sorted(IMAGE_EXTS))})",
+                tree,
             )
         self.description = f"imagefolder:{root}"
         self.meta = {"classes": self.classes, "source": "imagefolder"}
@@ -84,28 +104,31 @@ class ImageFolderSource:
         return len(self.files)
 
     def sample(self, index: int) -> tuple[str, Members]:
-        path, label = self.files[index]
-        ext = path.rsplit(".", 1)[-1].lower()
+        walked, real, label = self.files[index]
+        ext = walked.rsplit(".", 1)[-1].lower()
         ext = "jpg" if ext == "jpeg" else ext
-        with open(path, "rb") as f:
+        with self.tree.open(real) as f:
             data = f.read()
         return _index_key(index, len(self.files)), [("cls", str(label).encode()), (ext, data)]
 
 
 class FileGroupSource:
-    """A directory tree of files grouped by stem: ``a.jpg a.json b.jpg b.json`` -> samples a, b."""
+    """A directory tree of files grouped by stem: ``a.jpg a.json b.jpg b.json`` -> samples a, b.
 
-    def __init__(self, root: Path) -> None:
+    Only regular files inside ``root`` are packed (see :class:`SourceTree`); ``skipped`` names
+    the entries left out.
+    """
+
+    def __init__(self, root: Path, *, follow_links: bool = False) -> None:
+        tree = SourceTree(root, follow_links=follow_links)
+        self.tree = tree
         groups: dict[str, list[tuple[str, str]]] = {}
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if _visible(d))
-            for fname in sorted(filenames):
-                rel = os.path.relpath(os.path.join(dirpath, fname), root).replace(os.sep, "/")
-                split = split_name(rel)
-                if _visible(fname) and split is not None:
-                    groups.setdefault(split[0], []).append((split[1], os.path.join(dirpath, fname)))
+        for walked, real in tree.files(want=_has_ext, hidden_folders=False)[0]:
+            key, ext = split_name(walked) or ("", "")
+            groups.setdefault(key, []).append((ext, real))
+        self.skipped = tree.skipped
         if not groups:
-            raise ShardError(f"{root}: no files with an extension to pack.")
+            raise _none_found(root, "no files with an extension to pack", tree)
         self.groups = sorted(groups.items())
         self.description = f"files:{root}"
         self.meta = {"source": "files"}
@@ -116,19 +139,23 @@ class FileGroupSource:
     def sample(self, index: int) -> tuple[str, Members]:
         key, files = self.groups[index]
         members = []
-        for ext, path in sorted(files):
-            with open(path, "rb") as f:
+        for ext, real in sorted(files):
+            with self.tree.open(real) as f:
                 members.append((ext, f.read()))
         return key, members
 
 
 class LMDBSource:
-    """An LMDB environment laid out as :class:`stoker.LMDBDataset` reads it."""
+    """An LMDB environment laid out as :class:`stoker.LMDBDataset` reads it.
 
-    def __init__(self, path: Path) -> None:
+    Its limits are the dataset's: keys that would be unsafe member names are refused, and so
+    is a sample over ``max_sample_bytes`` (default 256 MiB).
+    """
+
+    def __init__(self, path: Path, *, max_sample_bytes: int | None = MAX_SAMPLE_BYTES) -> None:
         from stoker.shards._kv import LMDBDataset
 
-        self.dataset = LMDBDataset(path, decode="bytes")
+        self.dataset = LMDBDataset(path, decode="bytes", max_sample_bytes=max_sample_bytes)
         self.description = f"lmdb:{path}"
         self.meta = {"source": "lmdb"}
 
@@ -163,12 +190,24 @@ class HDF5Source:
     A dataset named like an extension (``jpg``, ``cls``, ``npy``...) keeps that name; others
     get one by their contents: ``name.jpg``/``name.png`` for encoded images, ``name.bin`` for
     other bytes, ``name.txt`` for strings, ``name.cls`` for integer scalars, ``name.npy`` else.
+
+    Its limits are the dataset's: datasets whose bytes live outside the file are refused
+    unless ``allow_external``, and rows over ``max_sample_bytes`` (default 256 MiB).
     """
 
-    def __init__(self, path: Path, fields: Sequence[str] | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        fields: Sequence[str] | None,
+        *,
+        allow_external: bool = False,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+    ) -> None:
         from stoker.shards._kv import HDF5Dataset
 
-        self.dataset = HDF5Dataset(path, fields=fields)
+        self.dataset = HDF5Dataset(
+            path, fields=fields, allow_external=allow_external, max_sample_bytes=max_sample_bytes
+        )
         self.description = f"hdf5:{path}"
         self.meta = {"source": "hdf5", "fields": list(self.dataset.fields)}
         self._exts: list[str] | None = None
@@ -245,7 +284,11 @@ def _is_lmdb(path: Path) -> bool:
 
 
 def open_source(
-    spec: str | os.PathLike[str], *, fmt: SourceFormat = "auto", fields: Sequence[str] | None = None
+    spec: str | os.PathLike[str],
+    *,
+    fmt: SourceFormat = "auto",
+    fields: Sequence[str] | None = None,
+    follow_links: bool = False,
 ) -> Source:
     """Open what `stoker pack` was pointed at.
 
@@ -254,23 +297,35 @@ def open_source(
             ``module:factory``.
         fmt: force the kind of source instead of guessing it. Default ``"auto"``.
         fields: HDF5 datasets to pack, or extensions naming the parts of tuple samples.
+        follow_links: in a folder, follow symbolic links to targets inside it (see
+            :class:`SourceTree`). Default ``False``.
 
     Returns:
         The source.
 
     Raises:
-        ShardError: if the source cannot be found, guessed or read.
+        ShardArgumentError: if the source does not exist, is not a file or folder, cannot
+            be guessed, or (a folder) holds nothing to pack.
+        ShardError: if the source cannot be read.
     """
     if fmt not in SOURCE_FORMATS:
-        raise ShardError(f"`format` must be one of {', '.join(SOURCE_FORMATS)}. Found: {fmt!r}.")
+        raise ShardArgumentError(
+            f"`format` must be one of {', '.join(SOURCE_FORMATS)}. Found: {fmt!r}."
+        )
     text = os.fspath(spec)
     path = Path(text)
     if fmt == "factory" or (fmt == "auto" and not path.exists() and _FACTORY_RE.match(text)):
         return FactorySource(text, fields)
     if not path.exists():
-        raise ShardError(
+        raise ShardArgumentError(
             f"source {text!r} does not exist (give a directory, an LMDB or HDF5 file, "
             "or `module:factory`)."
+        )
+    mode = path.stat().st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise ShardArgumentError(
+            f"source {text!r} is {file_kind(mode)}, not a file or folder: give a directory, "
+            "an LMDB or HDF5 file, or `module:factory`."
         )
     if fmt == "lmdb" or (fmt == "auto" and _is_lmdb(path)):
         return LMDBSource(path)
@@ -279,14 +334,14 @@ def open_source(
     ):
         return HDF5Source(path, fields)
     if not path.is_dir():
-        raise ShardError(
+        raise ShardArgumentError(
             f"cannot tell what {text!r} holds; pass `--format` ({', '.join(SOURCE_FORMATS[1:])})."
         )
     if fmt == "imagefolder":
-        return ImageFolderSource(path)
+        return ImageFolderSource(path, follow_links=follow_links)
     if fmt == "files":
-        return FileGroupSource(path)
+        return FileGroupSource(path, follow_links=follow_links)
     top = [e for e in os.scandir(path) if _visible(e.name)]
     if top and all(e.is_dir() for e in top):
-        return ImageFolderSource(path)
-    return FileGroupSource(path)
+        return ImageFolderSource(path, follow_links=follow_links)
+    return FileGroupSource(path, follow_links=follow_links)

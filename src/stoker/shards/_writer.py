@@ -1,25 +1,29 @@
 """ShardWriter: appends encoded samples to size-bounded tar shards, atomically.
 
-Each shard is written to a hidden temporary file, closed with the end-of-archive blocks,
-fsync'ed, read back (every member's offset is checked against what was written) and renamed
-to ``shard-NNNNNN.tar``; the directory is fsync'ed after each rename. A shard therefore exists
-under its final name only when complete. The boundaries depend only on the sample sizes and
-``shard_size``, so a pack resumed after the last complete shard writes the same bytes as one
-that never stopped.
+Each shard is written to a new hidden temporary file of an unpredictable name (``mkstemp``: a
+link planted in the directory is never written through), closed with the end-of-archive
+blocks, fsync'ed, read back (every member's offset and name is checked against what was
+written) and renamed to ``shard-NNNNNN.tar``; the directory is fsync'ed after each rename. A
+shard therefore exists under its final name only when complete. The boundaries depend only on
+the sample sizes and ``shard_size``, so a pack resumed after the last complete shard writes the
+same bytes as one that never stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from stoker.errors import ConfigError
 from stoker.shards._errors import ShardError
-from stoker.shards._index import ShardInfo, _fsync_dir, describe_shard
-from stoker.shards._tar import EncodedSample, end_of_archive
+from stoker.shards._files import check_output_dir, publish
+from stoker.shards._index import ShardInfo, describe_shard
+from stoker.shards._tar import EncodedSample, check_member_name, end_of_archive
 
 __all__ = ["SHARD_PREFIX", "ShardWriter", "shard_name"]
 
@@ -46,6 +50,8 @@ class ShardWriter:
 
     Raises:
         ConfigError: if ``shard_size`` is below 10 KiB (one tar record plus a member).
+        ShardArgumentError: if other users may write to ``directory`` (see
+            :func:`stoker.shards._files.check_output_dir`).
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class ShardWriter:
         if not isinstance(shard_size, int) or shard_size < 10 * 1024:
             raise ConfigError(f"`shard_size` must be an int >= 10240 bytes. Found: {shard_size!r}.")
         self.directory = Path(directory)
+        check_output_dir(self.directory)
         self.shard_size = shard_size
         self.shards: list[ShardInfo] = []
         self._number = first_shard
@@ -76,7 +83,12 @@ class ShardWriter:
 
         Args:
             sample: from :func:`stoker.shards._tar.encode_sample`.
+
+        Raises:
+            ShardError: if a member name is absolute, has a ``..`` component or a NUL.
         """
+        for ext, _, _ in sample.members:
+            check_member_name(f"{sample.key}.{ext}")
         end = self._offset + len(sample.blob)
         if (
             self._file is not None
@@ -85,8 +97,11 @@ class ShardWriter:
         ):
             self._finish()
         if self._file is None:
-            self._tmp = self.directory / f".{shard_name(self._number)}.tmp"
-            self._file = open(self._tmp, "wb")
+            fd, tmp = tempfile.mkstemp(
+                dir=self.directory, prefix=f".{shard_name(self._number)}.", suffix=".tmp"
+            )
+            self._tmp = Path(tmp)
+            self._file = open(fd, "wb")
             self._offset = 0
             self._expected = []
         self._file.write(sample.blob)
@@ -98,9 +113,6 @@ class ShardWriter:
         assert self._file is not None and self._tmp is not None  # internal invariant
         self._file.write(end_of_archive(self._offset))
         self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
         info = describe_shard(self._tmp)
         found = [
             (f"{key}.{ext}", off, size)
@@ -113,8 +125,8 @@ class ShardWriter:
                 "written; this is a bug in stoker, please report it."
             )
         final = self.directory / shard_name(self._number)
-        os.replace(self._tmp, final)
-        _fsync_dir(self.directory)
+        publish(self._file, self._tmp, final)
+        self._file = None
         info = dataclasses.replace(info, name=final.name)
         self.shards.append(info)
         self._number += 1
@@ -137,4 +149,5 @@ class ShardWriter:
             self._file.close()
             self._file = None
         if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self._tmp.unlink()
