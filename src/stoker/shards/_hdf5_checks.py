@@ -35,8 +35,8 @@ MAX_SOFT_LINK_HOPS = 16
 def _refuse(file: Any, what: str) -> NoReturn:
     raise ShardError(
         f"{file.filename}: {what}. Stoker reads only what is inside the file: if you trust it, "
-        "pass `allow_external=True` to HDF5Dataset (to pack it, pack a `module:factory` that "
-        "returns that dataset)."
+        "pass `allow_external=True` to HDF5Dataset (`stoker pack` has no such option: pack a "
+        "`module:factory` whose samples you build from that dataset)."
     )
 
 
