@@ -147,3 +147,21 @@ def test_lmdb_keys_that_are_relative_paths_pack_and_read(tmp_path: Path):
     assert [s["__key__"] for s in LMDBDataset(db)] == ["a/b/1", "a/b/2", "x"]
     pack(LMDBSource(db), tmp_path / "out", shard_size=1 << 20, workers=1)
     assert ShardDataset(tmp_path / "out", decode="pil")[1]["txt"] == "two"
+
+
+def test_pack_sources_take_the_datasets_knobs(tmp_path: Path):
+    secret = write_secret(tmp_path / "home")
+    data = hdf5_reaching_out(tmp_path / "dataset" / "data.h5", secret, "external")
+    with pytest.raises(ShardError, match="`allow_external=True`"):
+        HDF5Source(data, None)
+    trusted = HDF5Source(data, ["x"], allow_external=True)
+    pack(trusted, tmp_path / "out", shard_size=1 << 20, workers=1)
+    assert _files_holding(tmp_path / "out", SECRET[:12]) != []
+
+    db = write_lmdb(tmp_path / "db", {b"a.bin": b"x" * 10, b"b.bin": b"y" * 3000})
+    with pytest.raises(ShardError, match=r"LMDB sample 'b' .*`max_sample_bytes`"):
+        pack(
+            LMDBSource(db, max_sample_bytes=1000), tmp_path / "lmdb", shard_size=1 << 20, workers=1
+        )
+    pack(LMDBSource(db), tmp_path / "lmdb2", shard_size=1 << 20, workers=1)
+    assert ShardDataset(tmp_path / "lmdb2", decode="bytes")[1]["bin"] == b"y" * 3000

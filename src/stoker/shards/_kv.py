@@ -38,10 +38,9 @@ from stoker.shards._limits import (
     MAX_IMAGE_PIXELS,
     MAX_SAMPLE_BYTES,
     check_limit_arg,
-    check_member_name,
     check_sample_bytes,
 )
-from stoker.shards._tar import split_name
+from stoker.shards._tar import member_name_problem, split_name
 
 __all__ = ["HDF5Dataset", "LMDBDataset", "hdf5_fields"]
 
@@ -57,7 +56,13 @@ def _group_lmdb_keys(
         text = raw.decode("utf-8", "surrogateescape")
         if text.startswith("__"):
             continue
-        check_member_name(text, where)
+        problem = member_name_problem(text)
+        if problem is not None:
+            raise ShardError(
+                f"{where}: key {text!r} {problem}; as a member or file name it would point "
+                "outside the folder it is unpacked to. Rename the key (keys are relative paths "
+                "without '..')."
+            )
         split = split_name(text)
         key, ext = split if split is not None else (text, RAW_EXT)
         if samples and samples[-1][0] == key:

@@ -1,10 +1,9 @@
-"""Bounds on what a dataset's contents may cost (pixels, bytes) or name (member names).
+"""Bounds on what a dataset's contents may cost: pixels and bytes.
 
 A dataset made by someone else is data, not code: its members may declare sizes out of
 proportion to their bytes (a 12 KB PNG of 10,000 x 10,000 pixels, a 1.4 KB HDF5 file with
-1 GiB rows) or carry keys that would become file names outside a directory. The checks here
-run before anything is allocated or written, and fail with a :class:`ShardError` that names
-the value, the limit and the knob that raises it.
+1 GiB rows). The checks here run before anything is allocated, and fail with a
+:class:`ShardError` that names the value, the limit and the knob that raises it.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "MAX_SAMPLE_BYTES",
     "check_limit_arg",
-    "check_member_name",
     "check_sample_bytes",
     "format_bytes",
 ]
@@ -75,31 +73,3 @@ def check_sample_bytes(what: str, size: int, limit: int | None) -> None:
             f"{format_bytes(limit)} (`max_sample_bytes`): if you trust this data, pass a larger "
             "`max_sample_bytes` (or None for no limit)."
         )
-
-
-def check_member_name(name: str, where: str) -> None:
-    """Refuse a name that would leave the directory it is extracted to, or be cut short.
-
-    Stoker's own check, until the tar module has one: an absolute name (``/``, ``\\`` or a
-    drive letter first), a ``..`` component, or a NUL character.
-
-    Args:
-        name: the member name (``key.ext``) or key.
-        where: names its source in the message.
-
-    Raises:
-        ShardError: naming the name and why it is refused.
-    """
-    parts = name.replace("\\", "/").split("/")
-    if "\0" in name:
-        reason = "contains a NUL character"
-    elif name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":" and name[0].isalpha()):
-        reason = "is absolute"
-    elif ".." in parts:
-        reason = "has a '..' component"
-    else:
-        return
-    raise ShardError(
-        f"{where}: key {name!r} {reason}; as a member or file name it would point outside the "
-        "directory it is unpacked to. Rename the key (keys are relative paths without '..')."
-    )
