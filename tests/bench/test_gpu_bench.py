@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
-
-from stoker.bench import _cli
-
-
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    _cli.configure(parser)
-    return parser.parse_args(list(argv))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_without_cuda_the_command_says_so(capsys):
-    assert _cli.run(_args("--device", "cuda")) == 2
+    from stoker.cli import main
+
+    assert main(["bench", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and "without `--device`" in err
 

@@ -81,6 +81,9 @@ def case_epoch(
 ) -> dict[str, Any]:
     """One epoch over ``Blobs(nbytes)``, holding the last :data:`HELD` batches."""
     os.environ["STOKER_SHM_DIR"] = directory
+    # A child forked from a test process whose OpenMP team ran hangs in its first parallel
+    # region (libgomp is not fork-safe): one thread here.
+    torch.set_num_threads(1)
     burner = None
     if load:  # another CPU-bound job beside the loader
         burner = mp.get_context("fork").Process(target=_burn, args=(120.0,), daemon=True)
@@ -97,8 +100,9 @@ def case_epoch(
         warnings.simplefilter("always")
         try:
             for step, batch in enumerate(loader):
-                got.append(int(batch[0, 0]))
-                assert bool((batch == batch[0, 0]).all()), "a batch's bytes were mixed up"
+                values = batch.numpy()
+                got.append(int(values[0, 0]))
+                assert (values == values[0, 0]).all(), "a batch's bytes were mixed up"
                 filled = fill and SAMPLES // 4 <= step < SAMPLES // 2
                 # While the directory is full, the loop holds every batch: workers need slots.
                 held = [*held, batch] if filled else [*held, batch][-HELD:]
