@@ -17,6 +17,7 @@ import errno
 import itertools
 import multiprocessing as mp
 import os
+import tempfile
 import time
 import weakref
 from typing import Any
@@ -100,6 +101,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._wait_s = 0.0
         self._fallbacks = 0
         self._warned_no_room = False
+        self._spilled = 0
 
         ctx = loader.multiprocessing_context or mp.get_context()
         directory = shm_dir()
@@ -111,6 +113,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 'or use `backend="thread"`, which needs no shared memory.',
             )
         reclaim_stale_pools(directory)
+        if loader.shm != "require":
+            reclaim_stale_pools(tempfile.gettempdir())  # spill directories (WorkerPool)
         n = self._num_workers
         budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes(directory) * SHM_BUDGET_FRACTION / n))
         prefix = slot_prefix(os.getpid(), next(_POOL_IDS))
@@ -165,8 +169,10 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             from stoker.device import HostRegistry
 
             registry = HostRegistry()
-        pool_dir = self._pool.shm_dir if isinstance(self._pool, WorkerPool) else None
-        self._slots = SlotMap(pool_dir, registry=registry)
+        if isinstance(self._pool, WorkerPool):
+            self._slots = SlotMap(self._pool.shm_dir, registry, spill=self._pool.spill_dir)
+        else:
+            self._slots = SlotMap(registry=registry)
         self._workers = self._pool.processes
         self._watch_for_handover(loader)
         self._ready: set[int] = set()
@@ -506,6 +512,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             slots_in_use=self._slots.busy(),
             slot_bytes=self._slots.nbytes,
             fallback_batches=self._fallbacks,
+            spilled_batches=self._spilled,
             failures=len(self._tally.log),
             notes=tuple(self._notes[-20:]),
             worker_restarts=self._restarts,

@@ -30,7 +30,7 @@ from stoker._recovery import worker_pid
 from stoker.faults import FailureTally
 from stoker.transport import decode, unlink_owned, warn_no_room
 from stoker.workers._errors import unpack_exception
-from stoker.workers._loop import NO_ROOM
+from stoker.workers._loop import NO_ROOM, SPILLED
 from stoker.workers._threads import THREAD_REPLY_FIELDS
 
 __all__ = ["ReplyMixin"]
@@ -57,6 +57,7 @@ class ReplyMixin:
     _tally: FailureTally
     _fallbacks: int
     _warned_no_room: bool
+    _spilled: int
     _auto_collation: bool
     _pin_memory: bool
     _pin_memory_device: Any
@@ -162,6 +163,8 @@ class ReplyMixin:
             return
         prefix = f"{pool.prefix}w{worker_id}-{pid}-"
         unlink_owned(prefix, pool.shm_dir)
+        if pool.spill_dir is not None:
+            unlink_owned(prefix, pool.spill_dir)
         self._slots.forget_prefix(prefix)
 
     def _discard(self, msg: tuple[Any, ...]) -> None:
@@ -179,10 +182,12 @@ class ReplyMixin:
         slot, payload, fallback = msg[5], msg[7], msg[8]
         if len(msg) > 10 and msg[10] is not None and self._state is not None:
             self._state.worker_states[msg[3]] = msg[10]  # position after this batch
-        if fallback == NO_ROOM and not self._warned_no_room:
+        if fallback in (NO_ROOM, SPILLED) and not self._warned_no_room:
             self._warned_no_room = True
-            warn_no_room(getattr(self._pool, "shm_dir", ""), len(payload))
-        self._fallbacks += bool(fallback)
+            spill = getattr(self._pool, "spill_dir", None) if fallback == SPILLED else None
+            warn_no_room(getattr(self._pool, "shm_dir", ""), len(payload), spill)
+        self._fallbacks += fallback in (1, NO_ROOM)
+        self._spilled += fallback == SPILLED
         self._tally.delivered(
             len(index) if self._auto_collation and index is not None else 1, msg[9] or ()
         )

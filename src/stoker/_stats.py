@@ -54,6 +54,8 @@ class LoaderStats:
         slots_in_use: slots holding a batch that is queued or still referenced by the user.
         slot_bytes: bytes of all mapped slots.
         fallback_batches: batches that did not fit a slot and crossed by the ordinary path.
+        spilled_batches: batches the shared-memory directory had no room for, carried in a
+            slot under the temp directory instead.
         failures: samples or batches that failed (see ``loader.failures``).
         worker_restarts: workers respawned after dying.
         workers: one :class:`WorkerStats` per worker.
@@ -73,6 +75,7 @@ class LoaderStats:
     slots_in_use: int = 0
     slot_bytes: int = 0
     fallback_batches: int = 0
+    spilled_batches: int = 0
     failures: int = 0
     worker_restarts: int = 0
     workers: tuple[WorkerStats, ...] = field(default_factory=tuple)

@@ -29,6 +29,7 @@ from _isolate import run_case
 
 import stoker
 from _users import REFUSED, as_nobody, shared_tmp_dir
+from stoker.transport import MARKER
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,10 +150,14 @@ def test_other_users_leftovers_neither_break_the_loader_nor_are_touched(
     def plant() -> None:
         (shared_dir / "stoker-1-0-status").write_bytes(b"theirs")
         (shared_dir / "stoker-1-0-w0-2-1").mkdir()
+        (shared_dir / "stoker-2-aaaaaaaa").mkdir()
+        (shared_dir / "stoker-2-aaaaaaaa" / MARKER).write_bytes(b"")
         os.symlink("/", shared_dir / "stoker-3-root")
 
     assert as_nobody(plant) == 0
     (shared_dir / "stoker-4-ours" / "nested").mkdir(parents=True)
+    (shared_dir / "stoker-5-bbbbbbbb").mkdir()  # ours, named like a pool, not one
+    (shared_dir / "stoker-5-bbbbbbbb" / "keep").write_bytes(b"mine")
     before = _snapshot(str(shared_dir))
     r = run_case(case_stale_and_foreign, directory=str(shared_dir)).result
     assert r["got"] == list(range(40))

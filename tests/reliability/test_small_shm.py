@@ -77,10 +77,19 @@ def _burn(seconds: float) -> None:
 
 
 def case_epoch(
-    directory: str, nbytes: int, *, shm: str = "auto", load: bool = False, fill: bool = False
+    directory: str,
+    nbytes: int,
+    *,
+    shm: str = "auto",
+    load: bool = False,
+    fill: bool = False,
+    spill: bool = True,
 ) -> dict[str, Any]:
-    """One epoch over ``Blobs(nbytes)``, holding the last :data:`HELD` batches."""
+    """One epoch over ``Blobs(nbytes)``, holding the last :data:`HELD` batches; with
+    ``spill=False`` the temp directory is the small tmpfs too (nowhere to spill)."""
     os.environ["STOKER_SHM_DIR"] = directory
+    if not spill:
+        tempfile.tempdir = directory
     # A child forked from a test process whose OpenMP team ran hangs in its first parallel
     # region (libgomp is not fork-safe): one thread here.
     torch.set_num_threads(1)
@@ -128,7 +137,11 @@ def case_epoch(
         "error": error,
         "warnings": [str(w.message) for w in caught if "shared-memory slot" in str(w.message)],
         "fallback_batches": stats.fallback_batches,
+        "spilled_batches": stats.spilled_batches,
         "left": os.listdir(directory),
+        "spill_left": [
+            n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"stoker-{os.getpid()}-")
+        ],
     }
 
 
@@ -146,17 +159,29 @@ def test_batches_that_fit_a_few_at_a_time_all_arrive(
         assert r["left"] == []
 
 
-def test_a_batch_larger_than_the_directory_crosses_the_pipe_with_one_warning(
+def test_a_batch_larger_than_the_directory_goes_to_the_temp_dir_with_one_warning(
     small_shm: Path,
 ) -> None:
     r = run_case(case_epoch, directory=str(small_shm), nbytes=6 << 20).result
     assert r["error"] == {}, r["error"]
     assert r["got"] == list(range(SAMPLES))
-    assert r["fallback_batches"] == SAMPLES
+    assert r["spilled_batches"] == SAMPLES and r["fallback_batches"] == 0, r
     assert len(r["warnings"]) == 1, r["warnings"]
     message = r["warnings"][0]
     assert str(small_shm) in message and "--shm-size" in message and "STOKER_SHM_DIR" in message
-    assert 'shm="require"' in message
+    assert 'shm="require"' in message and tempfile.gettempdir() in message
+    assert r["left"] == [] and r["spill_left"] == []
+
+
+def test_with_nowhere_to_spill_a_batch_crosses_the_pipe_with_one_warning(
+    small_shm: Path,
+) -> None:
+    r = run_case(case_epoch, directory=str(small_shm), nbytes=6 << 20, spill=False).result
+    assert r["error"] == {}, r["error"]
+    assert r["got"] == list(range(SAMPLES))
+    assert r["fallback_batches"] == SAMPLES and r["spilled_batches"] == 0, r
+    assert len(r["warnings"]) == 1, r["warnings"]
+    assert "through the pipe" in r["warnings"][0]
     assert r["left"] == []
 
 
@@ -173,5 +198,6 @@ def test_another_process_filling_the_directory_mid_epoch_loses_nothing(small_shm
     r = run_case(case_epoch, directory=str(small_shm), nbytes=256 << 10, fill=True).result
     assert r["error"] == {}, r["error"]
     assert r["got"] == list(range(SAMPLES))
-    assert r["fallback_batches"] > 0, "the filled directory was never felt: the test is void"
+    felt = r["fallback_batches"] + r["spilled_batches"]
+    assert felt > 0, "the filled directory was never felt: the test is void"
     assert r["left"] == []

@@ -16,6 +16,7 @@ import pytest
 
 from _users import REFUSED, as_nobody, shared_tmp_dir
 from stoker.transport import (
+    MARKER,
     PoolNamespace,
     create_private_file,
     open_private_file,
@@ -227,23 +228,32 @@ def test_live_pool_in_another_pid_namespace_is_never_reclaimed(shared_dir: Path)
 
 def test_reclaim_leaves_other_users_entries_and_never_raises(shared_dir: Path) -> None:
     def plant() -> None:
-        (shared_dir / "stoker-1-0-status").write_bytes(b"theirs")
-        (shared_dir / "stoker-2-dir").mkdir()
-        (shared_dir / "stoker-2-dir" / "f").write_bytes(b"theirs")
-        os.symlink("/etc", shared_dir / "stoker-3-link")
-        os.mkfifo(shared_dir / "stoker-4-fifo")
+        (shared_dir / "stoker-1-aaaaaaaa").write_bytes(b"theirs")
+        (shared_dir / "stoker-2-bbbbbbbb").mkdir()
+        (shared_dir / "stoker-2-bbbbbbbb" / MARKER).write_bytes(b"")
+        (shared_dir / "stoker-2-bbbbbbbb" / "f").write_bytes(b"theirs")
+        os.symlink("/etc", shared_dir / "stoker-3-cccccccc")
+        os.mkfifo(shared_dir / "stoker-4-dddddddd")
 
     assert as_nobody(plant) == 0
-    own_file = shared_dir / "stoker-5-file"  # ours, but not a pool directory
+    own_file = shared_dir / "stoker-5-eeeeeeee"  # ours, but not a pool directory
     own_file.write_bytes(b"mine")
-    stuck = shared_dir / "stoker-6-stuck"  # ours, stale, with a directory inside: cannot go
+    own_dir = shared_dir / "stoker-7-ffffffff"  # a folder of ours named like a pool: no marker
+    own_dir.mkdir()
+    (own_dir / "notes.txt").write_bytes(b"mine")
+    stuck = shared_dir / "stoker-6-gggggggg"  # a stale pool with a directory inside: cannot go
     (stuck / "sub").mkdir(parents=True)
+    (stuck / MARKER).write_bytes(b"")
+    unrelated = shared_dir / "stoker-anything"  # not a pool's name at all: never looked at
+    unrelated.mkdir()
     report = reclaim_stale_pools(str(shared_dir))
-    assert report.foreign == 5, report
+    assert report.foreign == 6, report
     assert report.errors == 1 and report.removed == 0, report
-    assert (shared_dir / "stoker-1-0-status").read_bytes() == b"theirs"
-    assert (shared_dir / "stoker-2-dir" / "f").read_bytes() == b"theirs"
-    assert os.path.islink(shared_dir / "stoker-3-link")
-    assert stat.S_ISFIFO(os.lstat(shared_dir / "stoker-4-fifo").st_mode)
+    assert (shared_dir / "stoker-1-aaaaaaaa").read_bytes() == b"theirs"
+    assert (shared_dir / "stoker-2-bbbbbbbb" / "f").read_bytes() == b"theirs"
+    assert os.path.islink(shared_dir / "stoker-3-cccccccc")
+    assert stat.S_ISFIFO(os.lstat(shared_dir / "stoker-4-dddddddd").st_mode)
     assert own_file.read_bytes() == b"mine"
+    assert (own_dir / "notes.txt").read_bytes() == b"mine"
+    assert unrelated.is_dir()
     assert reclaim_stale_pools(str(shared_dir / "missing")).errors == 1

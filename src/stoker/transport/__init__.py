@@ -16,6 +16,7 @@ a later run removes directories of this user whose lock no live process holds.
 
 from stoker.transport._codec import decode, encode
 from stoker.transport._namespace import (
+    MARKER,
     PoolNamespace,
     ReclaimReport,
     create_private_file,
@@ -25,6 +26,7 @@ from stoker.transport._namespace import (
 from stoker.transport._slots import SlotArena, SlotMap, slot_prefix, unlink_owned, warn_no_room
 
 __all__ = [
+    "MARKER",
     "PoolNamespace",
     "ReclaimReport",
     "SlotArena",

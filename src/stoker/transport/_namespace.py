@@ -5,7 +5,8 @@ pool never creates a file there directly: it makes a directory of its own with `
 (mode 0700, a random name: no one else can enter it, plant a file in it or guess it), and
 creates every file inside it with ``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600.
 
-Liveness is an ``flock`` held on the directory for the pool's whole life, not a pid: the lock
+A pool directory is named ``stoker-<pid>-<8 random characters>`` and holds a marker file;
+liveness is an ``flock`` held on the directory for the pool's whole life, not a pid: the lock
 lives on the tmpfs inode, so it is seen across pid namespaces (containers sharing /dev/shm with
 ``--ipc=host`` have small, equal pids). A pool whose lock can be taken belongs to no live
 process (forked workers inherit the lock, so a pool is live while any of them runs), and
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -32,6 +34,11 @@ __all__ = [
 ]
 
 POOL_PREFIX = "stoker-"
+# A pool directory's name: the prefix, the creator's pid, mkdtemp's 8 random characters.
+_POOL_NAME = re.compile(r"stoker-[0-9]+-[a-z0-9_]{8}")
+# A file every pool directory holds: a directory without it (a user's own ``stoker-...``
+# folder) is never reclaimed.
+MARKER = ".stoker-pool"
 # Tries at creating a pool directory that a concurrent reclaim removed before it was locked.
 CREATE_TRIES = 8
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -100,6 +107,7 @@ class PoolNamespace:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    os.close(create_private_file(os.path.join(path, MARKER)))
                     return cls(path, fd)
             except OSError:
                 pass
@@ -168,7 +176,7 @@ def reclaim_stale_pools(parent: str) -> ReclaimReport:
         return report
     uid = os.geteuid()
     for name in names:
-        if name.startswith(POOL_PREFIX):
+        if _POOL_NAME.fullmatch(name):
             _reclaim_one(os.path.join(parent, name), uid, report)
     return report
 
@@ -190,6 +198,13 @@ def _reclaim_one(path: str, uid: int, report: ReclaimReport) -> None:
     try:
         if os.fstat(fd).st_ino != st.st_ino:  # replaced since the lstat: judge it next time
             report.errors += 1
+            return
+        try:
+            marker = os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            marker = None
+        if marker is None or not stat.S_ISREG(marker.st_mode) or marker.st_uid != uid:
+            report.foreign += 1  # not a pool, or one still being made
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

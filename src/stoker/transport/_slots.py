@@ -64,6 +64,8 @@ class _Slot:
     buf: ctypes.Array[ctypes.c_uint8]  # owns the mapping
     size: int
     base: torch.Tensor  # uint8 view of the whole mapping
+    directory: str
+    spilled: bool = False  # in the spill directory: the shared-memory one had no room
     addr: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,9 +88,12 @@ class SlotArena:
             ``stoker._platform.shm_dir()`` (tests only: a pool never writes there directly).
         require: raise :class:`SharedMemoryError` when the directory has no room for a slot,
             instead of leaving the batch to the ordinary path (``shm="require"``).
+        spill_directory: a private directory on another filesystem (under the temp
+            directory) for the slots ``directory`` has no room for; None: no spilling.
 
     Attributes:
-        short: slots this arena could not create because the directory had no room.
+        short: slots this arena could not create in ``directory`` for want of room.
+        sealed_spilled: the slot :meth:`seal` last handed over is a spilled one.
     """
 
     def __init__(
@@ -99,10 +104,13 @@ class SlotArena:
         directory: str | None = None,
         *,
         require: bool = False,
+        spill_directory: str | None = None,
     ) -> None:
         self._dir = directory or shm_dir()
         self._require = require
+        self._spill = None if require else spill_directory
         self.short = 0
+        self.sealed_spilled = False
         self._prefix = f"{prefix}w{worker_id}-{os.getpid()}-"
         self._budget = budget_bytes
         self._slots: list[_Slot] = []
@@ -122,20 +130,33 @@ class SlotArena:
         size = _round_up(max(size, _PAGE), _PAGE)
         if self.held_bytes + size > self._budget:
             # Drop free slots first; they are cheaper to recreate than a pickled batch.
-            for slot in [s for s in self._slots if s.free and s is not self.current]:
-                self._retire(slot)
+            for unused in [s for s in self._slots if s.free and s is not self.current]:
+                self._retire(unused)
                 if self.held_bytes + size <= self._budget:
                     break
             else:
                 return None
+        made = self._make(self._dir, size)
+        if made is None:
+            self.short += 1
+            if self._spill is not None:
+                made = self._make(self._spill, size)
+        if made is None:
+            self._no_room(size)
+            return None
+        made.spilled = made.directory == self._spill
+        self._slots.append(made)
+        return made
+
+    def _make(self, directory: str, size: int) -> _Slot | None:
+        """A new slot of ``size`` bytes in ``directory``; None when it has no room."""
         # A directory without room is seen before trying: a failed fallocate on tmpfs
         # allocates (and zeroes) every free page before giving them back.
-        if shm_free_bytes(self._dir) < size + SHM_HEADROOM:
-            self._no_room(size, None)
+        if shm_free_bytes(directory) < size + SHM_HEADROOM:
             return None
         self._counter += 1
         name = f"{self._prefix}{self._counter}"
-        path = os.path.join(self._dir, name)
+        path = os.path.join(directory, name)
         fd = create_private_file(path)
         try:
             try:
@@ -144,21 +165,17 @@ class SlotArena:
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
                 os.unlink(path)
-                if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-                    self._no_room(size, exc)
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
                     return None
                 raise
         finally:
             os.close(fd)
         buf = map_file(path, size)
-        slot = _Slot(name, buf, size, torch.frombuffer(buf, dtype=torch.uint8))
-        self._slots.append(slot)
-        return slot
+        return _Slot(name, buf, size, torch.frombuffer(buf, dtype=torch.uint8), directory)
 
-    def _no_room(self, size: int, exc: OSError | None) -> None:
-        """The directory cannot hold a slot of ``size`` now: the batch takes the ordinary
-        path (the pipe), or, with ``require``, the error."""
-        self.short += 1
+    def _no_room(self, size: int) -> None:
+        """No directory can hold a slot of ``size`` now: the batch takes the ordinary path
+        (the pipe), or, with ``require``, the error."""
         if not self._require:
             return
         raise SharedMemoryError(
@@ -166,14 +183,14 @@ class SlotArena:
             f"{self._dir} has {shm_free_bytes(self._dir)} bytes free but a batch slot needs "
             f"{size}: give the container more shared memory (`docker run --shm-size=2g`), set "
             "STOKER_SHM_DIR to a larger tmpfs, or lower `prefetch_factor`/`batch_size` "
-            '(`shm="require"` makes this an error; by default such batches cross through '
-            "the pipe).",
-        ) from exc
+            '(`shm="require"` makes this an error; by default such batches go to files under '
+            "the temp directory, or through the pipe).",
+        )
 
     def _retire(self, slot: _Slot) -> None:
         self._slots.remove(slot)
         try:
-            os.unlink(os.path.join(self._dir, slot.name))
+            os.unlink(os.path.join(slot.directory, slot.name))
         except FileNotFoundError:
             pass
         self.retired.append(slot.name)
@@ -250,6 +267,7 @@ class SlotArena:
             return None
         slot.buf[0] = BUSY
         self.current = None
+        self.sealed_spilled = slot.spilled
         return slot.name
 
     def take_retired(self) -> list[str]:
@@ -279,8 +297,11 @@ class SlotMap:
         directory: the pool's private directory. Default: ``stoker._platform.shm_dir()``.
     """
 
-    def __init__(self, directory: str | None = None, registry: Any = None) -> None:
+    def __init__(
+        self, directory: str | None = None, registry: Any = None, spill: str | None = None
+    ) -> None:
         self._dir = directory or shm_dir()
+        self._spill = spill  # the pool's spill directory (see SlotArena)
         self._maps: dict[str, ctypes.Array[ctypes.c_uint8]] = {}
         # Page-locks each slot once (stoker.device.HostRegistry) when batches go to a GPU.
         self.registry = registry
@@ -303,7 +324,13 @@ class SlotMap:
         """The byte array over slot ``name``, mapped on first use."""
         buf = self._maps.get(name)
         if buf is None:
-            buf = self._maps[name] = map_file(os.path.join(self._dir, name))
+            try:
+                buf = map_file(os.path.join(self._dir, name))
+            except FileNotFoundError:
+                if self._spill is None:
+                    raise
+                buf = map_file(os.path.join(self._spill, name))  # a spilled slot
+            self._maps[name] = buf
             registry = self.registry
             if registry is not None:
                 addr = ctypes.addressof(buf)
@@ -352,16 +379,23 @@ def unlink_owned(prefix: str, directory: str | None = None) -> int:
     return count
 
 
-def warn_no_room(directory: str, batch_bytes: int) -> None:
-    """Warn (once per loader: the caller's to ensure) that a batch crossed through the pipe
-    because no slot could hold it."""
+def warn_no_room(directory: str, batch_bytes: int, spill: str | None = None) -> None:
+    """Warn (once per loader: the caller's to ensure) that a batch found no room in shared
+    memory and went to a slot in ``spill`` (a private directory under the temp directory) or,
+    with ``spill=None``, through the pipe."""
     mib = 1 << 20
     directory = directory or shm_dir()
+    where = (
+        f"went to a slot in {os.path.dirname(spill)} instead (page cache: about as fast, but "
+        "the kernel may write it to disk)"
+        if spill
+        else "crossed through the pipe, which copies it twice"
+    )
     warnings.warn(
         f"a batch of {batch_bytes / mib:.1f} MiB did not fit in a shared-memory slot "
         f"({os.path.dirname(directory) or directory}: {shm_free_bytes(directory) / mib:.1f} MiB "
-        f"free of {shm_total_bytes(directory) / mib:.1f} MiB) and crossed through the pipe, "
-        "which copies it twice; later batches that do not fit do the same, nothing is lost. "
+        f"free of {shm_total_bytes(directory) / mib:.1f} MiB) and {where}; later batches that "
+        "do not fit do the same, nothing is lost. "
         "Give the container more shared memory (`docker run --shm-size=1g`), point "
         "STOKER_SHM_DIR at a larger tmpfs, or lower `batch_size`/`prefetch_factor`; "
         '`shm="require"` makes this an error instead.',

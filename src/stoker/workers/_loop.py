@@ -33,6 +33,7 @@ from stoker._epoch_sync import apply_changes
 from stoker._platform import thread_sched_seconds
 from stoker._seeding import seed_all
 from stoker.transport import SlotArena, encode, open_private_file
+from stoker.transport._namespace import MARKER
 from stoker.workers import _collate
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
@@ -58,8 +59,10 @@ _PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
-# A data reply's fallback field when the batch crossed the pipe for want of shared memory.
+# A data reply's fallback field: the batch crossed the pipe for want of shared memory
+# (NO_ROOM), or went to a slot in the spill directory (SPILLED); 1: over the slot budget.
 NO_ROOM = 2
+SPILLED = 3
 
 
 @dataclass(frozen=True)
@@ -79,19 +82,22 @@ class WorkerSpec:
     on_error: str = "raise"
     pdeathsig: bool = True
     shm_require: bool = False  # no room for a slot is an error, not the pipe (shm="require")
+    spill_dir: str | None = None  # private directory under the temp dir for slots (see SlotArena)
 
 
-def _cleanup_pool_files(prefix: str) -> None:
-    """The main process died: unlink the pool's files, then its private directory (the last
-    worker to get here succeeds)."""
-    for path in glob.glob(glob.escape(prefix) + "*"):
+def _cleanup_pool_files(prefixes: list[str]) -> None:
+    """The main process died: unlink the pool's files, then its private directories (the
+    last worker to get here succeeds)."""
+    for prefix in prefixes:
+        marker = os.path.join(os.path.dirname(prefix), MARKER)
+        for path in [*glob.glob(glob.escape(prefix) + "*"), marker]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         with contextlib.suppress(OSError):
-            os.unlink(path)
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.dirname(prefix))
+            os.rmdir(os.path.dirname(prefix))
 
 
-def _watch_parent(ppid: int, prefix: str) -> None:
+def _watch_parent(ppid: int, prefix: list[str]) -> None:
     while True:
         time.sleep(PARENT_POLL_S)
         if os.getppid() != ppid:
@@ -99,7 +105,7 @@ def _watch_parent(ppid: int, prefix: str) -> None:
             os._exit(1)
 
 
-def _set_pdeathsig(ppid: int, prefix: str) -> None:
+def _set_pdeathsig(ppid: int, prefix: list[str]) -> None:
     """Get :data:`PARENT_DEATH_SIGNAL` when the parent dies: unlink the pool's files, exit.
 
     A signal of its own, not SIGTERM: the kernel may send it while ``getppid()`` still names
@@ -132,6 +138,13 @@ def _cap_threads(n: int) -> None:
     if cv2 is not None:
         with contextlib.suppress(Exception):
             cv2.setNumThreads(n)
+
+
+def _fallback_code(enc: Any, arena: SlotArena, short: int) -> int:
+    """A data reply's fallback field (see :data:`NO_ROOM`)."""
+    if enc.fallback:
+        return NO_ROOM if arena.short > short else 1
+    return SPILLED if enc.slot is not None and arena.sealed_spilled else 0
 
 
 class BlockedSampler:
@@ -224,6 +237,7 @@ class _Worker:
             spec.slot_budget,
             directory=spec.shm_dir,
             require=spec.shm_require,
+            spill_directory=spec.spill_dir,
         )
         self.blocked = BlockedSampler()
 
@@ -352,8 +366,7 @@ class _Worker:
                 enc.slot,
                 arena.take_retired(),
                 enc.payload,
-                # 0: in a slot; NO_ROOM: the directory had no room for one; 1: over budget.
-                (NO_ROOM if arena.short > short else 1) if enc.fallback else 0,
+                _fallback_code(enc, arena, short),
                 failures,
                 self._dataset_state(),
             )
@@ -390,7 +403,9 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process."""
     ppid = os.getppid()
-    pool_files = os.path.join(spec.shm_dir, spec.slot_prefix)
+    pool_files = [os.path.join(spec.shm_dir, spec.slot_prefix)]
+    if spec.spill_dir is not None:
+        pool_files.append(os.path.join(spec.spill_dir, spec.slot_prefix))
     # Ctrl-C is the main process's to handle; it then stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(

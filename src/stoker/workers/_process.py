@@ -23,6 +23,7 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
+import tempfile
 import threading
 import time
 from typing import Any
@@ -103,7 +104,17 @@ class WorkerPool:
         self._payload: Any = serialise_payload(payload, self.start_method)
         self.namespace = PoolNamespace.create(specs[0].shm_dir)
         self.shm_dir = self.namespace.path
-        self.specs = [dataclasses.replace(spec, shm_dir=self.shm_dir) for spec in specs]
+        # Slots /dev/shm has no room for go to files in a private directory on the temp
+        # directory's filesystem (page cache) rather than through the pipe.
+        self.spill: PoolNamespace | None = None
+        if not specs[0].shm_require:
+            with contextlib.suppress(OSError):
+                self.spill = PoolNamespace.create(tempfile.gettempdir())
+        self.spill_dir = self.spill.path if self.spill is not None else None
+        self.specs = [
+            dataclasses.replace(spec, shm_dir=self.shm_dir, spill_dir=self.spill_dir)
+            for spec in specs
+        ]
         self.prefix = specs[0].slot_prefix
         base = os.path.join(self.shm_dir, self.prefix)
         try:
@@ -114,6 +125,8 @@ class WorkerPool:
             self.status = StatusTable.create(base + "status", self.capacity)
         except BaseException:
             self.namespace.close()
+            if self.spill is not None:
+                self.spill.close()
             raise
         self.retired: set[int] = set()
         # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
@@ -348,3 +361,5 @@ class WorkerPool:
             with contextlib.suppress(ValueError, AttributeError):
                 p.close()
         self.namespace.close()
+        if self.spill is not None:
+            self.spill.close()
