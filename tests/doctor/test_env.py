@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ def test_collect_env_matches_the_platform_readings(tmp_path: Path) -> None:
     assert facts["cores"]["os_cpu_count"] == os.cpu_count()
     assert facts["open_files"]["soft"] == _platform.open_files_limit()[0]
     assert facts["shm"]["dir"] == _platform.shm_dir()
+    assert facts["shm"]["spill_dir"] == tempfile.gettempdir()
+    assert facts["shm"]["spill_free_bytes"] > 0
     assert facts["data_dir"]["fs_type"] == _platform.fs_type(tmp_path)
     assert facts["python"]["executable"] == sys.executable
 

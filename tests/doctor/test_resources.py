@@ -116,3 +116,29 @@ def test_live_machine_readings_are_recorded() -> None:
     assert facts["cpu_count"] == os.cpu_count()
     assert facts["open_files_soft"] == _platform.open_files_limit()[0]
     assert facts["sharing_strategy"] == torch.multiprocessing.get_sharing_strategy()
+
+
+def test_shm_finding_for_a_stoker_loader_says_it_spills_and_stays_a_warning() -> None:
+    (f,) = check_shm(
+        shm_path="/dev/shm",
+        free_bytes=64 * MiB,
+        workers=4,
+        prefetch=2,
+        batch_bytes=38 * MiB,
+        spill_dir="/tmp",
+    )
+    assert f.code == "SK201" and f.severity is Severity.WARNING
+    assert "/tmp" in f.why and 'shm="require"' in f.why and "--shm-size=" in f.fix
+
+
+def test_diagnose_of_a_stoker_loader_names_the_spill_unless_shm_is_required(
+    tmp_path: Path,
+) -> None:
+    import stoker
+
+    ds = TensorDataset(torch.zeros(64, 1024))
+    for shm, severity in (("auto", Severity.WARNING), ("require", Severity.ERROR)):
+        loader = stoker.DataLoader(ds, batch_size=16, num_workers=1, shm=shm)
+        report = diagnose(loader, shm_dir=str(tmp_path), shm_free_bytes=100 * 1024)
+        (f,) = [f for f in report.findings if f.code == "SK201"]
+        assert f.severity is severity, (shm, f)

@@ -201,3 +201,27 @@ def test_another_process_filling_the_directory_mid_epoch_loses_nothing(small_shm
     felt = r["fallback_batches"] + r["spilled_batches"]
     assert felt > 0, "the filled directory was never felt: the test is void"
     assert r["left"] == []
+
+
+def case_watched(directory: str) -> dict[str, Any]:
+    os.environ["STOKER_SHM_DIR"] = directory
+    torch.set_num_threads(1)
+    loader = stoker.DataLoader(
+        Blobs(6 << 20, n=16), batch_size=1, num_workers=2, multiprocessing_context="fork"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = stoker.watch(loader, every=4, progress=False)
+        for _ in w:
+            pass
+    reports = [(r.loader.off_shm_batches if r.loader else None, r.diagnosis) for r in w.reports]
+    del w, loader
+    gc.collect()
+    return {"reports": reports}
+
+
+def test_the_monitor_shows_batches_that_found_no_room(small_shm: Path) -> None:
+    r = run_case(case_watched, directory=str(small_shm)).result
+    counts = [c for c, _ in r["reports"]]
+    assert counts and counts[-1] and counts[-1] > 0, r["reports"]
+    assert any("no room in shared memory" in text for _, text in r["reports"]), r["reports"]

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -142,6 +143,9 @@ def collect_env(data_dir: str | None = None) -> dict[str, Any]:
             "dir": shm,
             "total_bytes": _platform.shm_total_bytes(shm),
             "free_bytes": _platform.shm_free_bytes(shm),
+            # Where stoker's workers put the batches the shm directory has no room for.
+            "spill_dir": tempfile.gettempdir(),
+            "spill_free_bytes": _platform.shm_free_bytes(tempfile.gettempdir()),
         },
         "open_files": {"soft": soft, "hard": hard},
         "start_method": default_start_method(),

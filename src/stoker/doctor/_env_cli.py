@@ -68,7 +68,9 @@ def _rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "shared memory",
-            f"{shm['dir']}: {_size(shm['free_bytes'])} free of {_size(shm['total_bytes'])}",
+            f"{shm['dir']}: {_size(shm['free_bytes'])} free of {_size(shm['total_bytes'])}; "
+            f"batches it has no room for go to {shm['spill_dir']} "
+            f"({_size(shm['spill_free_bytes'])} free)",
         ),
         ("open files", f"soft {files['soft']}, hard {files['hard']} (-1: unlimited)"),
         (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 from typing import Any
 
 from stoker import _platform
@@ -38,7 +39,13 @@ def _mib(n: float) -> str:
 
 
 def check_shm(
-    *, shm_path: str, free_bytes: int, workers: int, prefetch: int, batch_bytes: int
+    *,
+    shm_path: str,
+    free_bytes: int,
+    workers: int,
+    prefetch: int,
+    batch_bytes: int,
+    spill_dir: str | None = None,
 ) -> list[Finding]:
     """SK201: the shared-memory directory cannot hold the batches in flight.
 
@@ -48,13 +55,29 @@ def check_shm(
         workers: worker processes.
         prefetch: batches in flight per worker.
         batch_bytes: tensor bytes of one batch.
+        spill_dir: where a stoker loader (``shm="auto"``) puts the slots ``shm_path`` has no
+            room for; None for torch's loader and ``shm="require"``, which fail instead.
     """
     need = workers * prefetch * batch_bytes
     if workers <= 0 or need <= 0 or need <= free_bytes * SHM_WARN_SHARE:
         return []
-    severity = Severity.ERROR if need > free_bytes else Severity.WARNING
-    verdict = "need" if need > free_bytes else "take more than half of it:"
+    short = need > free_bytes
+    severity = Severity.ERROR if short and spill_dir is None else Severity.WARNING
+    verdict = "need" if short else "take more than half of it:"
     size_gib = max(1, math.ceil(need * 2 / 2**30))
+    if spill_dir is None:
+        why = (
+            "Workers hand batches over in shared memory; when it runs out, workers die with "
+            "'Bus error' or 'No space left on device' (Docker gives containers 64 MiB of "
+            "/dev/shm by default)."
+        )
+    else:
+        why = (
+            "Workers hand batches over in shared memory; stoker puts the batches it has no "
+            f"room for in slots under {spill_dir} (page cache, which the kernel may write to "
+            "disk), or through the pipe, with one warning: training goes on, but more shared "
+            'memory keeps every batch in RAM (`shm="require"` fails instead).'
+        )
     return [
         Finding(
             "SK201",
@@ -62,9 +85,7 @@ def check_shm(
             f"{shm_path} is too small for the batches in flight",
             f"{shm_path} has {_mib(free_bytes)} free but {workers} workers x prefetch "
             f"{prefetch} x {_mib(batch_bytes)} batches {verdict} {_mib(need)}",
-            "Workers hand batches over in shared memory; when it runs out, workers die with "
-            "'Bus error' or 'No space left on device' (Docker gives containers 64 MiB of "
-            "/dev/shm by default).",
+            why,
             f"docker run --shm-size={size_gib}g ...   # or in Kubernetes: an emptyDir with "
             "medium: Memory on /dev/shm\n"
             f"DataLoader(..., prefetch_factor=1)  # or fewer workers / smaller batches",
@@ -252,12 +273,14 @@ def check_resources(
     free = shm_free if shm_free is not None else _platform.shm_free_bytes(path)
     facts.update(shm_dir=path, shm_free_bytes=free)
     if batch_bytes:
+        spills = subject.is_stoker and getattr(subject.loader, "shm", "auto") != "require"
         findings += check_shm(
             shm_path=path,
             free_bytes=free,
             workers=workers,
             prefetch=subject.prefetch_factor,
             batch_bytes=batch_bytes,
+            spill_dir=tempfile.gettempdir() if spills else None,
         )
     try:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

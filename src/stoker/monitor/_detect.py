@@ -335,6 +335,10 @@ def diagnose(
             action = f"{action}; {persist}" if action else persist
     if loader is not None and loader.worker_restarts:
         extra.append(f"{loader.worker_restarts} worker restarts")
+    if loader is not None and loader.off_shm_batches:
+        extra.append(
+            f"{loader.off_shm_batches} batches found no room in shared memory (`--shm-size`)"
+        )
     if loader is not None and loader.gpu_util is not None:
         extra.append(f"GPU {loader.gpu_util:.0%}")
     if extra:

@@ -205,6 +205,7 @@ class LoaderProbe:
                 slots_in_use=stats.slots_in_use,
                 failures=stats.failures,
                 worker_restarts=stats.worker_restarts,
+                off_shm_batches=stats.spilled_batches + stats.fallback_batches,
                 pss_bytes=self._pss_of(pids, now) if pids else (),
                 gpu_util=gpu,
             )

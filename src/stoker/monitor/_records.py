@@ -28,6 +28,7 @@ _COUNTS = (
     "slots_in_use",
     "failures",
     "worker_restarts",
+    "off_shm_batches",
 )
 #: Most bytes read to tell what a file that is not a log is (a bench result is a few KiB).
 SNIFF_BYTES = 16 << 20

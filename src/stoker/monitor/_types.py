@@ -96,6 +96,8 @@ class LoaderHealth:
         reorder_depth: batches waiting for an earlier one (in-order delivery).
         slots: shared-memory slots mapped; ``slots_in_use``: slots holding a batch.
         failures: failed samples or batches so far; ``worker_restarts``: respawned workers.
+        off_shm_batches: batches so far that the shared-memory directory had no room for
+            (carried in slots under the temp directory, or through the pipe).
         pss_bytes: proportional set size of each worker process (bytes), when readable.
         gpu_util: GPU utilisation (0..1) from NVML, when ``pynvml`` and CUDA are present.
     """
@@ -110,6 +112,7 @@ class LoaderHealth:
     slots_in_use: int | None = None
     failures: int | None = None
     worker_restarts: int | None = None
+    off_shm_batches: int | None = None
     pss_bytes: tuple[int, ...] = ()
     gpu_util: float | None = None
 
