@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-bench_jpeg = pytest.importorskip("stoker.bench._jpeg")
-from stoker.bench._shards import ShardJpegDataset, ensure_shards  # noqa: E402
+from stoker.bench import _jpeg as bench_jpeg
+from stoker.bench._shards import ShardJpegDataset, ensure_shards
 
 
 def test_shards_workload_matches_loose_files(
