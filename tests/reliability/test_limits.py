@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 import pytest
-from _faulty import BlockingDataset, FailingDataset, RandomDataset, indices_of
+from _faulty import BlockingDataset, FailingDataset, RandomDataset, SampleError, indices_of
 from _isolate import (
     SHM_DIR,
     SHM_PREFIX,
@@ -50,8 +50,22 @@ NOFILE_BATCHES = 500
 # -- create and break ------------------------------------------------------------------------
 
 
-def _one_cycle(k: int, ready_dir: str) -> None:
+# The error each way of breaking a loader (``k % 5``) must raise; ``None``: it raises nothing.
+EXPECTED_RAISE: tuple[str | None, ...] = (
+    None,
+    None,
+    "SampleError",
+    "WorkerError",
+    "WorkerTimeoutError",
+)
+
+
+def _one_cycle(k: int, ready_dir: str) -> str | None:
+    """Create and break one loader the ``k % 5``-th way; return the name of the exception type
+    that breaking it raised (``None`` if none), for the test to check against
+    ``EXPECTED_RAISE``."""
     how = k % 5
+    raised: str | None = None
     kwargs: dict[str, Any] = {
         "batch_size": 2,
         "num_workers": 2,
@@ -72,8 +86,8 @@ def _one_cycle(k: int, ready_dir: str) -> None:
         loader = stoker.DataLoader(FailingDataset(40, [5]), **kwargs)
         try:
             indices_of(loader)
-        except ValueError:
-            pass
+        except SampleError as exc:
+            raised = type(exc).__name__
     elif how == 3:  # a worker killed, no restarts
         loader = stoker.DataLoader(RandomDataset(400), **kwargs)
         try:
@@ -82,17 +96,18 @@ def _one_cycle(k: int, ready_dir: str) -> None:
                     pid = loader.stats().workers[0].pid
                     assert pid is not None
                     os.kill(pid, signal.SIGKILL)
-        except stoker.WorkerError:
-            pass
+        except stoker.WorkerError as exc:
+            raised = type(exc).__name__
     else:  # a timeout on a hung worker
         loader = stoker.DataLoader(
             BlockingDataset(40, [7], ready_dir=ready_dir), timeout=0.3, **kwargs
         )
         try:
             indices_of(loader)
-        except stoker.WorkerTimeoutError:
-            pass
+        except stoker.WorkerTimeoutError as exc:
+            raised = type(exc).__name__
     del loader
+    return raised
 
 
 def _snapshot() -> tuple[int, int, int]:
@@ -119,15 +134,20 @@ def case_cycles(ready_dir: str) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     before = _snapshot()
     after: list[tuple[int, int, int]] = []
+    raised: list[str | None] = []
     for k in range(CYCLES):
-        _one_cycle(k, ready_dir)
+        raised.append(_one_cycle(k, ready_dir))
         after.append(_snapshot())
-    return {"before": before, "after": after}
+    return {"before": before, "after": after, "raised": raised}
 
 
 def test_fifty_create_and_break_cycles_leave_nothing(tmp_path: Path) -> None:
     r = run_case(case_cycles, ready_dir=str(tmp_path), limit_s=170).result
     before, after = r["before"], r["after"]
+    # Each cycle broke its loader the way it meant to: a cycle whose error never came
+    # would test a loader that was not broken.
+    expected = [EXPECTED_RAISE[k % 5] for k in range(CYCLES)]
+    assert r["raised"] == expected
     fds = [a[0] for a in after]
     print(f"\nfds before {before[0]}, after cycles: min {min(fds)} max {max(fds)}")
     # Flat: the last cycle ends where the first did, and no cycle leaves more than the first.
