@@ -47,6 +47,7 @@ SHM_HEADROOM = 1 << 20
 SLOT_WAIT_S = 0.25
 SLOT_POLL_S = 0.0005
 _PAGE = mmap.PAGESIZE
+_NOT_HERE = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -165,7 +166,8 @@ class SlotArena:
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
                 os.unlink(path)
-                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+                # No room, or a filesystem that cannot reserve (NFS as TMPDIR): not here.
+                if exc.errno in _NOT_HERE:
                     return None
                 raise
         finally:
