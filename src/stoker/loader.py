@@ -37,6 +37,8 @@ _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(tud.DataLoader.__init__).p
 
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
+# What a batch is, as torch's DataLoader is generic in it: ``stoker.DataLoader[Tensor]``.
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 def _noting_given_arguments(init: _Init) -> _Init:
@@ -57,7 +59,7 @@ def _noting_given_arguments(init: _Init) -> _Init:
     return cast(_Init, wrapper)
 
 
-class DataLoader(tud.DataLoader):
+class DataLoader(tud.DataLoader[_T_co]):
     """Combines a dataset and a sampler and iterates over batches, like torch's DataLoader.
 
     Every positional and keyword argument of ``torch.utils.data.DataLoader`` is accepted with
@@ -151,7 +153,7 @@ class DataLoader(tud.DataLoader):
     @_noting_given_arguments
     def __init__(
         self,
-        dataset: tud.Dataset[Any],
+        dataset: tud.Dataset[_T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: tud.Sampler[Any] | Iterable[Any] | None = None,

@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import traceback
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -21,8 +21,10 @@ import torch.utils.data as tud
 
 import stoker
 
+_T_co = TypeVar("_T_co", covariant=True)
 
-class ThreadDataLoader(stoker.DataLoader):  # type: ignore[misc]
+
+class ThreadDataLoader(stoker.DataLoader[_T_co]):
     """stoker's loader with thread workers unless told otherwise: the contract suite runs it
     as a third loader (with workers; the start method does not apply to threads)."""
 

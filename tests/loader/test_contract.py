@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import typing
 from typing import Any
 
 import pytest
@@ -675,6 +676,22 @@ def test_is_a_torch_dataloader(kind: str) -> None:
     loader = LOADERS[kind](RangeDataset(4), batch_size=2)
     assert isinstance(loader, tud.DataLoader)
     assert issubclass(type(loader), tud.DataLoader)
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_is_generic_at_run_time(kind: str) -> None:
+    cls = LOADERS[kind]
+    alias = cls[torch.Tensor]  # type: ignore[index]
+    assert typing.get_origin(alias) is cls
+    assert typing.get_args(alias) == (torch.Tensor,)
+
+    def consume(loader: cls[torch.Tensor]) -> None:  # type: ignore[valid-type]
+        del loader
+
+    assert typing.get_type_hints(consume, localns={"cls": cls})["loader"] == alias
+    loader = alias(RangeDataset(4), batch_size=2)
+    assert type(loader) is cls
+    assert to_lists(loader) == [[0, 1], [2, 3]]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
