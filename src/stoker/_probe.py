@@ -41,6 +41,7 @@ import threading
 import time
 from typing import Any
 
+from stoker._introspect.containers import find_containers
 from stoker._platform import usable_cores
 
 __all__ = ["COW_BYTES_PER_SAMPLE", "INLINE_BATCH_S", "choose_backend", "choose_backend_isolated"]
@@ -198,8 +199,6 @@ def _holds_python_objects(dataset: Any) -> bool:
     A forked child also copies free heap memory its parent left, as it allocates: measured
     copying is blamed on the dataset only when the dataset holds something to copy.
     """
-    from stoker.doctor._memory import find_containers
-
     try:
         return sum(c.bytes for c in find_containers(dataset)) >= COW_CONTAINER_BYTES
     except Exception:

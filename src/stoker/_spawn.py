@@ -31,6 +31,10 @@ from typing import Any
 
 import cloudpickle
 
+from stoker._introspect.handles import handle_kind
+from stoker._introspect.main_guard import workers_started_on_import
+from stoker._introspect.pickling import cloud_dumps, describe_object, locate_unpicklable
+from stoker._introspect.script import parse_script
 from stoker.errors import MainGuardError, UnpicklableError
 
 __all__ = [
@@ -108,9 +112,6 @@ def check_picklable(payload: tuple[Any, ...], start_method: str) -> None:
 def _unpicklable_error(
     payload: tuple[Any, ...], start_method: str, error: BaseException
 ) -> UnpicklableError:
-    from stoker.doctor._handles import handle_kind
-    from stoker.doctor._pickling import cloud_dumps, describe_object, locate_unpicklable
-
     names = PAYLOAD_NAMES if len(payload) == len(PAYLOAD_NAMES) else ()
     found = None
     for i, part in enumerate(payload):
@@ -124,7 +125,7 @@ def _unpicklable_error(
     else:
         path, culprit, culprit_error = found
         kind = handle_kind(culprit)
-        what = f"`{path}`, {kind[0] if kind else describe_object(culprit)},"
+        what = f"`{path}`, {kind.description if kind else describe_object(culprit)},"
     detail = f"{type(culprit_error).__name__}: {str(culprit_error)[:200]}"
     message = (
         f"{what} cannot be sent to the DataLoader's {start_method!r} workers: cloudpickle "
@@ -204,8 +205,8 @@ def check_main_guard() -> None:
 def explain_early_worker_death(start_method: str) -> str | None:
     """Why a spawn/forkserver worker may have died before it ever reported, if the script says.
 
-    Runs the doctor's static check SK001 (workers started outside the ``__main__`` guard) on
-    the main script. Never raises.
+    Looks for workers started outside the ``__main__`` guard in the main script (what
+    ``stoker doctor`` reports as SK001). Never raises.
 
     Args:
         start_method: the pool's start method.
@@ -220,25 +221,22 @@ def explain_early_worker_death(start_method: str) -> str | None:
     if not isinstance(script, str) or not os.path.isfile(script):
         return None
     try:
-        from stoker.doctor._static import diagnose_script
-
-        findings = diagnose_script(script, usable_cores=1).findings
-    except Exception:  # unreadable, not Python, or a check that trips on odd code
+        parsed = parse_script(script)
+        first = next(workers_started_on_import(parsed), None)
+    except Exception:  # unreadable, not Python, or a script the model trips on
         return None
-    for finding in findings:
-        if finding.code == "SK001":
-            where = finding.location or script
-            _, _, line = where.rpartition(":")
-            source = linecache.getline(script, int(line)).strip() if line.isdigit() else ""
-            return (
-                "The main script starts DataLoader workers on import ("
-                + (f"{where}: `{source}`" if source else where)
-                + "), outside "
-                f'`if __name__ == "__main__":`; every {start_method} worker imports the main '
-                "script again and dies there. Put the entry point under the guard "
-                f"(`stoker doctor {script}` shows the fix)."
-            )
-    return None
+    if first is None:
+        return None
+    where = parsed.where(first[0])
+    source = linecache.getline(script, first[0].lineno).strip()
+    return (
+        "The main script starts DataLoader workers on import ("
+        + (f"{where}: `{source}`" if source else where)
+        + "), outside "
+        f'`if __name__ == "__main__":`; every {start_method} worker imports the main '
+        "script again and dies there. Put the entry point under the guard "
+        f"(`stoker doctor {script}` shows the fix)."
+    )
 
 
 # -- where processes cannot be started ---------------------------------------------------

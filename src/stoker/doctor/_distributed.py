@@ -12,8 +12,8 @@ import ast
 import os
 from collections.abc import Iterator
 
+from stoker._introspect.script import Script
 from stoker.doctor._finding import Finding, Severity
-from stoker.doctor._script import Script
 
 __all__ = [
     "DISTRIBUTED_CHECKS",

@@ -7,35 +7,15 @@ shared file offset makes concurrent reads return the wrong bytes.
 
 from __future__ import annotations
 
-import io
-import socket
-import sqlite3
-import sys
 from typing import Any
 
+from stoker._introspect.handles import handle_kind
 from stoker.doctor._finding import Finding, Severity
 from stoker.doctor._subject import Subject
 
 __all__ = ["check_cuda_fork", "check_handles", "handle_kind"]
 
 HANDLE_DEPTH = 3
-
-
-def handle_kind(obj: Any) -> tuple[str, Severity] | None:
-    """What kind of fork-unsafe handle `obj` is (and how bad), or None."""
-    h5py = sys.modules.get("h5py")
-    if h5py is not None and isinstance(obj, (h5py.File, h5py.Dataset, h5py.Group)) and obj:
-        return f"an open h5py.{type(obj).__name__}", Severity.ERROR
-    lmdb = sys.modules.get("lmdb")
-    if lmdb is not None and isinstance(obj, (lmdb.Environment, lmdb.Transaction)):
-        return f"an open lmdb.{type(obj).__name__}", Severity.ERROR
-    if isinstance(obj, sqlite3.Connection):
-        return "an open sqlite3 connection", Severity.ERROR
-    if isinstance(obj, socket.socket) and obj.fileno() >= 0:
-        return "an open socket", Severity.WARNING
-    if isinstance(obj, io.IOBase) and not obj.closed:
-        return f"an open file ({getattr(obj, 'name', '?')})", Severity.WARNING
-    return None
 
 
 def check_handles(subject: Subject) -> list[Finding]:
@@ -52,7 +32,7 @@ def check_handles(subject: Subject) -> list[Finding]:
         seen.add(id(obj))
         kind = handle_kind(obj)
         if kind is not None:
-            what, severity = kind
+            what, severity = kind.description, Severity.ERROR if kind.breaks else Severity.WARNING
             findings.append(
                 Finding(
                     "SK405",

@@ -12,8 +12,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stoker import _platform
+from stoker._introspect.main_guard import (
+    loader_names,
+    mentions,
+    workers_started_on_import,
+)
+from stoker._introspect.script import Script, parse_script
 from stoker.doctor._finding import Diagnosis, Finding, Severity
-from stoker.doctor._script import Script, call_name, is_main_guard, parse_script
 
 __all__ = ["STATIC_CHECKS", "diagnose_script"]
 
@@ -21,58 +26,15 @@ _SPAWN_NOTE = (
     "spawn is the default start method on macOS and Windows, and forkserver on Linux from "
     "Python 3.14"
 )
-_ITERATING_CALLS = frozenset({"iter", "next", "list", "enumerate", "tqdm", "zip", "tuple"})
 _PICKLED_KEYWORDS = frozenset({"collate_fn", "worker_init_fn"})
-
-
-def _loader_names(script: Script) -> set[str]:
-    return {n for c in script.loaders if script.may_have_workers(c) for n in c.names}
-
-
-def _mentions(node: ast.AST, names: set[str]) -> bool:
-    return any(
-        (isinstance(n, ast.Name) and n.id in names)
-        or (isinstance(n, ast.Attribute) and n.attr in names)
-        for n in ast.walk(node)
-    )
-
-
-def _module_level_statements(script: Script) -> Iterator[ast.stmt]:
-    """Statements that run on import (top level, not under the main guard)."""
-    for stmt in script.tree.body:
-        if not isinstance(
-            stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-        ) and not is_main_guard(stmt):
-            yield stmt
 
 
 def _check_main_guard(script: Script) -> Iterator[Finding]:
     """SK001 (workers started on import) and SK002 (worker loader built on import)."""
-    names = _loader_names(script)
+    names = loader_names(script)
     iterated_at_import: set[str] = set()
-    for stmt in _module_level_statements(script):
-        if not script.place(stmt).module_level:
-            continue
-        culprit: ast.AST | None = None
-        if isinstance(stmt, (ast.For, ast.AsyncFor)) and _mentions(stmt.iter, names):
-            culprit = stmt.iter
-        for node in ast.walk(stmt):
-            if culprit is not None:
-                break
-            if not isinstance(node, ast.Call):
-                continue
-            name = call_name(node)
-            if name in _ITERATING_CALLS and any(_mentions(a, names) for a in node.args):
-                culprit = node
-            elif (
-                isinstance(node.func, ast.Name)
-                and name is not None
-                and script.reaches_worker_loader(name)
-            ):
-                culprit = node
-        if culprit is None:
-            continue
-        iterated_at_import |= {n for n in names if _mentions(stmt, {n})}
+    for stmt, culprit in workers_started_on_import(script):
+        iterated_at_import |= {n for n in names if mentions(stmt, {n})}
         yield Finding(
             "SK001",
             Severity.ERROR,
