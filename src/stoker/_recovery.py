@@ -19,7 +19,7 @@ from stoker._dispatch import batch_task
 from stoker._platform import shm_dir, shm_free_bytes
 from stoker._spawn import explain_early_worker_death
 from stoker.errors import WorkerError, WorkerTimeoutError
-from stoker.workers._process import describe_exit
+from stoker.workers._process import describe_exit, torch_killed_sentence
 from stoker.workers._status import IDLE
 
 __all__ = ["RecoveryMixin", "worker_pid"]
@@ -122,9 +122,15 @@ class RecoveryMixin:
             hint = None
             if self._backend == "process" and not self._worker_batches[worker_id]:
                 hint = explain_early_worker_death(pool.start_method)
+            killed = torch_killed_sentence(pid, code)
+            opening = (
+                f"{killed} Worker {worker_id} died of {how} while"
+                if killed
+                else f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
+                f"{worker_id} was"
+            )
             raise WorkerError(
-                f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
-                f"{worker_id} was loading batches of epoch {self._epoch}; {why}."
+                f"{opening} loading batches of epoch {self._epoch}; {why}."
                 + (f" {hint}" if hint else "")
             )
         self._restarts_left -= 1

@@ -121,6 +121,28 @@ def case_no_restart(how: str, marker_dir: str) -> dict[str, Any]:
     return {"delivered": delivered, "error": error, "deaths": dataset.deaths()}
 
 
+def case_torch_message(how: str) -> dict[str, Any]:
+    """What torch's check of its workers (the one its SIGCHLD handler runs) says about a
+    process killed by ``how``: read directly, as torch's loader itself reports a death by
+    this check or by "exited unexpectedly", whichever of its threads notices first."""
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), getattr(signal, how))
+        os._exit(1)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, left for torch to look at
+    key = id(case_torch_message)
+    torch._C._set_worker_pids(key, (pid,))
+    message = ""
+    try:
+        torch._C._error_if_any_worker_fails()
+    except RuntimeError as exc:
+        message = str(exc)
+    finally:
+        torch._C._remove_worker_pids(key)
+        os.waitpid(pid, 0)
+    return {"message": message, "pid": pid}
+
+
 def case_iterate_again_after_a_death(marker_dir: str) -> dict[str, Any]:
     """A loop that catches the death's error (an eval loop that logs and goes on) and
     iterates the persistent loader again."""
@@ -246,12 +268,30 @@ def test_death_without_restarts_raises_worker_error_fast(how: str, tmp_path: Pat
     assert latency < REPORT_WITHIN_S
     message = err["message"]
     assert how in message and str(dead_pid) in message, message
+    # torch's sentence, word for word, so that what matches torch's message still matches.
+    torchs = f"DataLoader worker (pid {dead_pid}) is killed by signal: "
+    assert f"{torchs}{signal.strsignal(getattr(signal, how))}." in message, message
     assert "max_worker_restarts" in message, message
     assert CAUSE[how] in message.replace("out of memory", "out-of-memory").replace(
         "shared memory", "shared-memory"
     ), message
     # Nothing delivered twice before the error.
     assert len(r["delivered"]) == len(set(r["delivered"]))
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSEGV"])
+def test_killed_worker_message_has_torchs_sentence(how: str, tmp_path: Path) -> None:
+    """torch's own message for the death, with its pid replaced by the stoker worker's, is
+    part of stoker's (which goes on to say why and what to do)."""
+    ran = run_case(case_torch_message, how=how).result
+    sentence = re.search(
+        r"DataLoader worker \(pid \d+\) is killed by signal: [^.]+\.", ran["message"]
+    )
+    assert sentence and f"(pid {ran['pid']})" in sentence.group(), ran["message"]
+    r = run_case(case_no_restart, how=how, marker_dir=str(tmp_path)).result
+    stoker_pid = r["deaths"][21][0]
+    expected = sentence.group().replace(f"(pid {ran['pid']})", f"(pid {stoker_pid})")
+    assert expected in r["error"]["message"], r["error"]["message"]
 
 
 def test_a_persistent_loader_iterated_again_after_a_death_starts_fresh_workers(

@@ -38,7 +38,7 @@ from stoker.workers._loop import RETIRE, STOP, WorkerSpec, worker_main
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
-__all__ = ["WorkerPool", "describe_exit"]
+__all__ = ["WorkerPool", "describe_exit", "torch_killed_sentence"]
 
 # Seconds a worker gets to exit after being asked, then after SIGTERM, before SIGKILL.
 STOP_GRACE_S = 1.0
@@ -72,6 +72,17 @@ def describe_exit(exitcode: int | None) -> str:
         cause = _LIKELY_CAUSE.get(sig)
         return f"signal {sig.name}" + (f" ({cause})" if cause else "")
     return f"exit code {exitcode}"
+
+
+def torch_killed_sentence(pid: int | None, exitcode: int | None) -> str | None:
+    """torch's sentence for a worker killed by a signal (``DataLoader worker (pid 12) is
+    killed by signal: Segmentation fault.``, the signal named as ``strsignal(3)`` does), so
+    that logs and handlers matching torch's message keep matching; ``None`` for a worker
+    that exited."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    name = signal.strsignal(-exitcode) or f"Unknown signal {-exitcode}"
+    return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
 
 
 def _enlarge(conn: Any) -> None:
