@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,8 +25,9 @@ def _flip(path: Path, offset: int) -> None:
 
 def test_raw_fields_are_zero_copy_views_of_the_shard(packed: Path) -> None:
     ds = ShardDataset(packed)
-    sample = ds[5]
+    sample = ds.raw(5)
     assert isinstance(sample["jpg"], memoryview) and sample["jpg"].readonly
+    assert ds[5]["jpg"] == bytes(sample["jpg"]) and type(ds[5]["jpg"]) is bytes
     shard = read_index(packed).shards[ds.locate(5)[0]]
     ext, offset, size = shard.members(ds.locate(5)[1])[1]
     assert ext == "jpg"
@@ -184,3 +186,25 @@ def test_assign_spans_covers_every_sample_once_and_balances(workers: int) -> Non
     else:
         assert max(loads) - min(loads) <= 1
     assert np.sum(loads) == sum(sizes)
+
+
+@pytest.mark.parametrize(
+    ("make_loader", "workers"),
+    [(tud.DataLoader, 0), (tud.DataLoader, 2), (stoker.DataLoader, 2)],
+    ids=["torch-0", "torch-2", "stoker-2"],
+)
+def test_default_fields_batch_with_the_default_collate(
+    packed: Path, make_loader: type[tud.DataLoader[Any]], workers: int
+) -> None:
+    # Issue 31: with zero-copy memoryviews by default, this failed in torch's collate ("each
+    # element in list of batch should be of equal size"), and views do not pickle out of a worker.
+    ds = ShardDataset(packed)
+    loader = make_loader(ds, batch_size=4, num_workers=workers)
+    batches = list(loader)
+    assert len(batches) == -(-len(ds) // 4)
+    first = batches[0]
+    assert first["__key__"] == [ds.raw(i)["__key__"] for i in range(4)]
+    assert first["jpg"] == [bytes(ds.raw(i)["jpg"]) for i in range(4)]
+    assert first["cls"] == [bytes(ds.raw(i)["cls"]) for i in range(4)]
+    del loader
+    ds.close()

@@ -6,7 +6,7 @@ Lifecycle::
       -> pack(): workers encode samples, one ShardWriter appends them in order
            .stoker-pack.json (first) -> shard-000000.tar ... (each temp+fsync+rename)
            -> index.json (last)
-      -> ShardDataset(dir): index -> per-process mmap -> zero-copy fields -> decode
+      -> ShardDataset(dir): index -> per-process mmap -> memoryview fields -> decode (bytes)
            .stream(): shard-shuffled sequential iteration with a shuffle buffer
 
 Modules: ``_tar`` member bytes and offsets, ``_index`` index.json, ``_writer`` ShardWriter,

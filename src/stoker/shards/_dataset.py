@@ -25,20 +25,22 @@ __all__ = ["ShardDataset"]
 class ShardDataset(tud.Dataset[Any]):
     """Random access to the samples of a shard directory (``stoker pack`` or ``stoker index``).
 
-    Sample ``i`` is found through the index and read from a memory map of its shard, without a
-    copy: with ``decode=None`` each field is a ``memoryview`` into the map. Shards are opened
-    lazily in each process and never shared across a fork; the dataset pickles without its maps,
-    so it works with fork and spawn workers.
+    Sample ``i`` is found through the index and read from a memory map of its shard. By default
+    each field is a ``bytes`` copy, so that samples pickle out of workers and torch's default
+    collate batches them as lists (``DataLoader(ShardDataset(path), batch_size=4)`` works);
+    :meth:`raw` gives the zero-copy ``memoryview`` fields instead, and decoders receive those.
+    Shards are opened lazily in each process and never shared across a fork; the dataset pickles
+    without its maps, so it works with fork and spawn workers.
 
     A sample is a dict ``{"__key__": key, "__shard__": shard name, ext: value, ...}``, or a
     tuple when ``fields`` is given.
 
     Args:
         path: the shard directory.
-        decode: ``None`` (default: zero-copy ``memoryview`` fields; copy them before they
-            leave a worker, they do not pickle), ``"bytes"``, ``"pil"``, ``"numpy"`` or
-            ``"torch"`` (decode every known field, images into that type), a mapping from
-            extension to a callable taking the bytes, or a callable taking the raw sample.
+        decode: ``"bytes"`` (default; ``None`` means the same: each field copied out as
+            ``bytes``, not decoded), ``"pil"``, ``"numpy"`` or ``"torch"`` (decode every
+            known field, images into that type), a mapping from extension to a callable taking
+            the bytes, or a callable taking the raw sample (zero-copy ``memoryview`` fields).
         fields: return a tuple of these fields, in order (``"jpg;png"`` takes whichever is
             present). Default ``None``: the whole dict.
         transform: applied last to each sample. Default ``None``.
@@ -59,7 +61,7 @@ class ShardDataset(tud.Dataset[Any]):
         self,
         path: str | os.PathLike[str],
         *,
-        decode: Decode = None,
+        decode: Decode = "bytes",
         fields: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
         verify: Verify = "lazy",
@@ -68,7 +70,11 @@ class ShardDataset(tud.Dataset[Any]):
         self.path = Path(path)
         self.index: ShardIndex = read_index(self.path)
         self._decode_arg = decode
-        self._decode = make_decoder(decode, max_image_pixels=max_image_pixels)
+        # A memoryview field would not pickle out of a worker, and torch's default collate takes
+        # it for a sequence of ints (one tensor per byte position, or an "equal size" error).
+        self._decode = make_decoder(
+            "bytes" if decode is None else decode, max_image_pixels=max_image_pixels
+        )
         self._fields = tuple(fields) if fields is not None else None
         self._transform = transform
         counts = np.array([s.samples for s in self.index.shards], dtype=np.int64)
@@ -116,7 +122,8 @@ class ShardDataset(tud.Dataset[Any]):
         return int(self._starts[-1])
 
     def raw(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` as zero-copy ``memoryview`` fields, not decoded.
+        """Sample ``index`` as zero-copy ``memoryview`` fields into the shard's memory map, not
+        decoded. Views do not pickle: copy them before they leave a worker.
 
         Raises:
             IndexError: if ``index`` is out of range.
