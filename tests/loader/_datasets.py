@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import os
 import random
+import threading
 import time
 from collections import namedtuple
 from collections.abc import Iterator, Sequence
@@ -76,6 +77,7 @@ class InfoDataset(Dataset[dict[str, Any]]):
             "index": index,
             "in_worker": True,
             "pid": os.getpid(),
+            "thread": threading.get_ident(),
             "id": info.id,
             "num_workers": info.num_workers,
             "seed": info.seed,

@@ -262,6 +262,42 @@ def test_worker_info_inside_workers(kind: str, workers: int, start: str | None) 
     assert len(set(seeds.values())) == len(seeds), f"workers share a seed: {seeds}"
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize(("kind", "workers", "start"), cases(FORK, SPAWN))
+def test_worker_handles_match_ids_and_stay_joinable(
+    kind: str, workers: int, start: str | None, persistent: bool
+) -> None:
+    """``iterator._workers[i]`` is the worker whose ``get_worker_info().id`` is ``i``, and
+    the handles can still be joined and asked for their exit code once the iterator (and
+    with persistent workers, the loader) is gone, as code written against torch does."""
+    loader = make_loader(
+        kind,
+        InfoDataset(16),
+        workers,
+        start,
+        batch_size=2,
+        collate_fn=identity_collate,
+        persistent_workers=persistent,
+    )
+    it = iter(loader)
+    samples = [s for batch in it for s in batch]
+    handles = list(it._workers)  # type: ignore[attr-defined]
+    assert len(handles) == workers
+    assert {s["id"] for s in samples} <= set(range(workers))
+    for s in samples:
+        if kind == "stoker-thread":
+            assert handles[s["id"]].ident == s["thread"]
+        else:
+            assert handles[s["id"]].pid == s["pid"]
+    del it, loader
+    for handle in handles:
+        handle.join(HANG_GUARD_S)
+        assert not handle.is_alive()
+        handle.join()
+    if kind != "stoker-thread":
+        assert all(handle.exitcode is not None for handle in handles)
+
+
 @pytest.mark.parametrize("kind", LOADERS)
 def test_worker_init_fn_runs_once_per_persistent_worker(kind: str) -> None:
     loader = make_loader(

@@ -85,6 +85,19 @@ def torch_killed_sentence(pid: int | None, exitcode: int | None) -> str | None:
     return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
 
 
+def _release(proc: Any) -> None:
+    """Close the file descriptors of a worker that has exited and been reaped, but keep its
+    handle usable: the user may hold ``iterator._workers[i]`` and call ``join()``,
+    ``is_alive()`` or read ``exitcode``, as torch's handles allow (``Process.close()``
+    would make them raise ``ValueError: process object is closed``). A reaped process
+    answers those from its recorded exit code, without its descriptors. A worker not yet
+    reaped keeps them until the handle is collected."""
+    if proc is None or proc.exitcode is None:
+        return
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        proc._popen.close()
+
+
 def _enlarge(conn: Any) -> None:
     with contextlib.suppress(OSError, AttributeError):
         fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
@@ -212,7 +225,7 @@ class WorkerPool:
         old = self.processes[worker_id]
         with contextlib.suppress(Exception):
             old.join(0)
-            old.close()
+        _release(old)
         for conn in (self.ctrl[worker_id], self.results[worker_id]):
             with contextlib.suppress(OSError):
                 conn.close()
@@ -229,8 +242,7 @@ class WorkerPool:
         if reusable:
             worker_id = reusable[0]
             self.retired.discard(worker_id)
-            with contextlib.suppress(Exception):
-                self.processes[worker_id].close()
+            _release(self.processes[worker_id])
         else:
             worker_id = len(self.specs)
             if worker_id >= self.capacity:
@@ -369,8 +381,7 @@ class WorkerPool:
                 with contextlib.suppress(OSError):
                     conn.close()
         for p in procs:
-            with contextlib.suppress(ValueError, AttributeError):
-                p.close()
+            _release(p)
         self.namespace.close()
         if self.spill is not None:
             self.spill.close()
