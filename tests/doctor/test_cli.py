@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,43 @@ def test_console_script_end_to_end() -> None:
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 1, done.stderr
     assert "SK012" in done.stdout
+    assert "stoker doctor --explain SK012" in done.stdout  # the footer names the command
+
+
+def run_script(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed `stoker ARGV`, with a wide terminal."""
+    env = dict(os.environ, COLUMNS="120")
+    return subprocess.run(
+        [str(console_script()), *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_explain_prints_a_codes_page_from_the_installed_package() -> None:
+    from stoker.doctor._codes import CODES, find_page
+
+    page = find_page("SK012")
+    assert page is not None
+    done = run_script("doctor", "--explain", "sk012")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("SK012: ") and "`batch_sampler=`" in done.stdout
+    assert page.fix in done.stdout and not done.stderr
+    listed = run_script("doctor", "--explain", "all")
+    assert listed.returncode == 0, listed.stderr
+    assert re.findall(r"^  (SK\d{3}) ", listed.stdout, re.M) == [p.code for p in CODES]
+
+
+def test_explain_an_unknown_code_is_a_usage_error() -> None:
+    done = run_script("doctor", "--explain", "SK999")
+    assert done.returncode == cli.USAGE_ERROR and not done.stdout
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, done.stderr
+    assert "'SK999'" in errors[0] and "stoker doctor --explain all" in errors[0]
+    assert "Traceback" not in done.stderr
+    # Neither a target nor a code, or both: usage errors too.
+    assert run_doctor() == cli.USAGE_ERROR
+    assert run_doctor("x.py", "--explain", "SK012") == cli.USAGE_ERROR

@@ -1,8 +1,10 @@
 """``stoker doctor TARGET``: static checks of a script, or runtime checks of a factory's loader.
 
+``stoker doctor --explain CODE`` prints a finding code's page (``--explain all``: every code).
+
 Exit status: 0 when clean, 1 when an error-level finding exists (with ``--strict``, a warning
-too), 2 when the target cannot be read, imported or called (a :class:`ConfigError` that
-:func:`stoker.cli.main` reports below the usage).
+too), 2 when the target cannot be read, imported or called, or the code is unknown (a
+:class:`ConfigError` that :func:`stoker.cli.main` reports below the usage).
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stoker.doctor._finding import Diagnosis
 
-__all__ = ["configure", "run"]
+__all__ = ["EXPLAIN_ALL", "configure", "run"]
+
+#: The ``--explain`` value that lists every code.
+EXPLAIN_ALL = "all"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the doctor's arguments."""
     parser.add_argument(
         "target",
+        nargs="?",
+        default=None,
         metavar="SCRIPT.py | module:factory",
         help="a training script to check statically (read, not executed), or a zero-argument "
         "factory returning a DataLoader or Dataset, e.g. `mypkg.data:make_loader` or "
@@ -29,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "executes its top-level code (as `python train.py` would, less what sits under "
         "`if __name__ == '__main__':`), with the current directory on sys.path while it "
         "imports (and off it afterwards); then the factory is called",
+    )
+    parser.add_argument(
+        "--explain",
+        metavar="CODE",
+        default=None,
+        help="print what a finding code (e.g. SK012) checks and how to fix it, instead of "
+        "diagnosing a target; `--explain all` lists every code",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument(
@@ -89,13 +103,46 @@ def _diagnose(args: argparse.Namespace) -> Diagnosis:
     return diagnose(obj, measure_memory=args.memory, shm_dir=args.shm_dir, target=target)
 
 
+def _explain(code: str) -> int:
+    from stoker.doctor._codes import find_page, render_index, render_page
+    from stoker.errors import ConfigError
+
+    if code.strip().lower() == EXPLAIN_ALL:
+        sys.stdout.write(render_index())
+        return 0
+    page = find_page(code)
+    if page is None:
+        raise ConfigError(
+            f"unknown finding code {code!r} for `--explain`: `stoker doctor --explain "
+            f"{EXPLAIN_ALL}` lists every code."
+        )
+    sys.stdout.write(render_page(page))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """Diagnose ``args.target`` and print the result; return the exit status.
+    """Diagnose ``args.target`` and print the result, or print the page of the finding code
+    ``args.explain``; return the exit status.
 
     Raises:
-        ConfigError: the target cannot be read, imported or called (status 2).
+        ConfigError: the target cannot be read, imported or called, both or neither of a
+            target and ``--explain`` are given, or the code is unknown (status 2).
     """
     from stoker.doctor._render import render_json, render_text
+    from stoker.errors import ConfigError
+
+    if args.explain is not None:
+        if args.target is not None:
+            raise ConfigError(
+                f"pass a TARGET or `--explain CODE`, not both. Found: {args.target!r} and "
+                f"`--explain {args.explain}`."
+            )
+        return _explain(args.explain)
+    if args.target is None:
+        raise ConfigError(
+            "name a TARGET (a script, or `module:factory`), or pass `--explain CODE` to read "
+            f"what a finding code means (`--explain {EXPLAIN_ALL}` lists them)."
+        )
 
     # With --json, standard output carries the JSON only: what the target prints goes to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

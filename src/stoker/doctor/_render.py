@@ -110,7 +110,7 @@ def render_text(
                 (f"{counts[Severity.WARNING]} warning(s)", _STYLE[Severity.WARNING]),
                 ", ",
                 (f"{counts[Severity.INFO]} info", _STYLE[Severity.INFO]),
-                "  (codes: stoker/doctor/README.md)",
+                f"  (`stoker doctor --explain {diagnosis.findings[0].code}` explains a code)",
             )
         )
 
