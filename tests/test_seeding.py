@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stoker._seeding import CallerRandomState, batch_seed, seed_all
+from stoker._seeding import CallerRandomState, WorkerSeeding, batch_seed, seed_all
 
 
 @given(st.integers(-(2**63), 2**63 - 1), st.integers(0, 10**9))
@@ -86,3 +86,49 @@ def test_numpys_state_is_read_only_when_the_caller_moved_it(
     np.random.random()
     guard.restore(guard.save())
     assert len(reads) == 2
+
+
+def _draws() -> tuple[list[float], float, float]:
+    return (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
+
+
+@pytest.fixture
+def restore_global_generators():
+    saved = CallerRandomState()
+    state = saved.save()
+    yield
+    saved.restore(state)
+
+
+@pytest.mark.usefixtures("restore_global_generators")
+def test_worker_seeding_without_reseed_follows_the_batch_seed() -> None:
+    seeding = WorkerSeeding(worker_seed=40)
+    torch.rand(2), random.random(), np.random.rand()  # a worker_init_fn that only draws
+    seeding.adopt()
+    seeding.before_batch(seed=999, epoch=0, batch=3)
+    got = _draws()
+    seed_all(999)
+    assert got == _draws()
+
+
+@pytest.mark.usefixtures("restore_global_generators")
+def test_worker_seeding_follows_seeds_set_in_worker_init_fn_whatever_the_worker() -> None:
+    def batch(worker_seed: int, batch_seed_: int) -> tuple[int, tuple[list[float], float, float]]:
+        seeding = WorkerSeeding(worker_seed)
+        torch.manual_seed(12345)
+        random.seed(7)
+        np.random.seed(8)
+        seeding.adopt()
+        seeding.before_batch(batch_seed_, epoch=1, batch=5)
+        return torch.initial_seed(), _draws()
+
+    seed, draws = batch(40, 999)
+    assert seed == 12345
+    assert batch(41, 1000) == (seed, draws)  # another worker, another loader seed
+    seeding = WorkerSeeding(40)
+    torch.manual_seed(12345)
+    seeding.adopt()
+    seeding.before_batch(999, epoch=1, batch=6)
+    assert torch.initial_seed() == 12345 and _draws()[0] != draws[0]  # another batch
+    seed_all(999)
+    assert _draws()[1:] != draws[1:]  # not the loader's batch seed

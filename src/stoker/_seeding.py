@@ -7,19 +7,31 @@ whichever worker fetched the batch.
 
 from __future__ import annotations
 
+import array
 import ctypes
+import hashlib
 import random
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["CallerRandomState", "batch_seed", "draw_base_seed", "epoch_seed", "seed_all"]
+__all__ = [
+    "CallerRandomState",
+    "WorkerSeeding",
+    "batch_seed",
+    "draw_base_seed",
+    "epoch_seed",
+    "seed_all",
+]
 
 # numpy's MT19937 state struct: uint32_t key[624]; int pos (numpy/random/src/mt19937).
 _MT_STATE_BYTES = 624 * 4 + 4
 
 _MASK64 = (1 << 64) - 1
+# Position of a Mersenne Twister (``random``'s, numpy's legacy one) right after seeding: its
+# whole key unused. A state that changed and sits there was reseeded, not drawn from.
+_MT_FRESH_POS = 624
 
 
 def _splitmix64(x: int) -> int:
@@ -56,6 +68,98 @@ def seed_all(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed & 0xFFFF_FFFF)
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _random_base() -> int | None:
+    """A seed standing for ``random``'s state if it was just seeded, else None."""
+    _, key, _ = random.getstate()
+    return _digest(array.array("Q", key).tobytes()) if key[-1] == _MT_FRESH_POS else None
+
+
+def _numpy_base() -> int | None:
+    """A seed standing for numpy's legacy global state if it was just seeded, else None."""
+    state: Any = np.random.get_state()
+    if state[0] != "MT19937" or state[2] != _MT_FRESH_POS:
+        return None
+    return _digest(np.ascontiguousarray(state[1]).tobytes())
+
+
+def _seed_torch_reporting(seed: int, reported: int) -> None:
+    """Seed torch's CPU generator with ``seed`` while ``torch.initial_seed()`` reports
+    ``reported``: the generator's state starts with its initial seed (the layout torch keeps
+    for saved states), so the stream is ``seed``'s and the reported seed the user's."""
+    generator = torch.default_generator
+    generator.manual_seed(seed)
+    state = generator.get_state()
+    patched = state.clone()
+    patched[:8] = torch.tensor(list((reported & _MASK64).to_bytes(8, "little")), dtype=torch.uint8)
+    generator.set_state(patched)
+    if generator.initial_seed() != reported & _MASK64 or not torch.equal(
+        generator.get_state()[8:], state[8:]
+    ):  # another layout: the stream matters more than the reported seed
+        generator.set_state(state)
+
+
+class WorkerSeeding:
+    """How a worker seeds ``torch``, ``random`` and numpy's legacy global generator.
+
+    The worker starts seeded with its seed, as in torch (``seed_all``). Before each batch,
+    every generator is seeded from the batch's seed (the loader's base seed, the epoch and
+    the batch index), so draws in ``__getitem__`` are the same for any ``num_workers``.
+
+    A generator that ``worker_init_fn`` reseeded is the user's instead: ``torch`` when
+    ``torch.initial_seed()`` differs afterwards from the worker's seed; ``random`` or numpy
+    when its state changed and is freshly seeded (a draw alone, as in a shuffle of shards,
+    leaves it to stoker). Such a generator is seeded before each batch from what it was
+    seeded with, the epoch and the batch index: still the same for any ``num_workers`` and
+    independent of the loader's seed, as a fixed seed asks, without every worker repeating
+    the same draws; ``torch.initial_seed()`` in ``__getitem__`` returns the seed it set.
+
+    Args:
+        worker_seed: the worker's seed (``get_worker_info().seed``).
+    """
+
+    def __init__(self, worker_seed: int) -> None:
+        self._worker_seed = int(worker_seed)
+        seed_all(self._worker_seed)
+        self._seeded_random = random.getstate()
+        self._seeded_numpy = np.random.get_state()
+        self._torch: int | None = None  # the user's seeds; None: stoker's
+        self._random: int | None = None
+        self._numpy: int | None = None
+
+    def adopt(self) -> None:
+        """Take over the seeds ``worker_init_fn`` set (call right after it)."""
+        seed = torch.initial_seed()
+        self._torch = seed if seed != self._worker_seed else None
+        if random.getstate() != self._seeded_random:
+            self._random = _random_base()
+        now = np.random.get_state()
+        if any(_differs(a, b) for a, b in zip(now, self._seeded_numpy, strict=True)):
+            self._numpy = _numpy_base()
+
+    def before_batch(self, seed: int, epoch: int, batch: int) -> None:
+        """Seed the generators for batch ``batch`` of ``epoch``, whose seed is ``seed``."""
+
+        def own(base: int | None) -> int:
+            return seed if base is None else batch_seed(epoch_seed(base, epoch), batch)
+
+        if self._torch is None:
+            torch.default_generator.manual_seed(seed)
+        else:
+            _seed_torch_reporting(own(self._torch), self._torch)
+        random.seed(own(self._random))
+        np.random.seed(own(self._numpy) & 0xFFFF_FFFF)
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray):
+        return not np.array_equal(a, b)
+    return bool(a != b)
 
 
 class CallerRandomState:

@@ -89,6 +89,11 @@ class DataLoader(tud.DataLoader[_T_co]):
         drop_last: drop the last incomplete batch. Default ``False``.
         timeout: seconds to wait for one batch from the workers; 0 waits forever. Default 0.
         worker_init_fn: called in each worker with its id, after seeding, before any loading.
+            A generator it reseeds (``torch.manual_seed(12345)``; ``random.seed`` or
+            ``np.random.seed`` with another seed than the worker's) is reseeded per batch
+            from that seed, the epoch and the batch index instead of the loader's seed
+            (the same for any ``num_workers``), and ``torch.initial_seed()`` in the dataset
+            returns the seed it set, as in torch.
         multiprocessing_context: start method name (``"fork"``, ``"spawn"``, ``"forkserver"``)
             or a context object. Default: the platform's default.
         generator: RNG for the sampler and the base seed.

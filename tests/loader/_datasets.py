@@ -126,6 +126,33 @@ class RandomAugDataset(Dataset[tuple[int, float, float, float]]):
         )
 
 
+class SeedReportDataset(RandomAugDataset):
+    """A sample is its index, ``torch.initial_seed()`` and one draw from torch, ``random``
+    and numpy."""
+
+    def __getitem__(self, index: int) -> tuple[int, float, float, float]:
+        return (index, torch.initial_seed(), *super().__getitem__(index)[1:])  # type: ignore[return-value]
+
+
+# What `reseeding_worker_init` seeds torch with.
+USER_SEED = 12345
+
+
+def reseeding_worker_init(worker_id: int) -> None:
+    """worker_init_fn: seed every global generator with a fixed seed (the same in every
+    worker, as a user fixing "the" seed writes it)."""
+    torch.manual_seed(USER_SEED)
+    random.seed(USER_SEED + 1)
+    np.random.seed(USER_SEED + 2)
+
+
+def drawing_worker_init(worker_id: int) -> None:
+    """worker_init_fn: draw from every global generator without reseeding (a shard shuffle)."""
+    torch.rand(3)
+    random.shuffle(list(range(10)))
+    np.random.permutation(10)
+
+
 class SlowDataset(Dataset[int]):
     """``ds[i] == i``; indices in ``slow`` sleep ``delay`` seconds first."""
 

@@ -20,6 +20,7 @@ import torch
 import torch.utils.data as tud
 from _datasets import (
     HANG_SAMPLE_S,
+    USER_SEED,
     FailingDataset,
     GetitemsDataset,
     GrowingBatchSampler,
@@ -32,6 +33,7 @@ from _datasets import (
     ReverseSampler,
     RichDataset,
     SampleError,
+    SeedReportDataset,
     ShardedIterable,
     SlowDataset,
     UnshardedIterable,
@@ -41,6 +43,7 @@ from _datasets import (
     identity_collate,
     record_collate,
     record_worker_init,
+    reseeding_worker_init,
     split_range_worker_init,
     tagging_collate,
 )
@@ -296,6 +299,26 @@ def test_worker_handles_match_ids_and_stay_joinable(
         handle.join()
     if kind != "stoker-thread":
         assert all(handle.exitcode is not None for handle in handles)
+
+
+@pytest.mark.parametrize(("kind", "workers", "start"), cases(FORK, SPAWN))
+def test_seed_set_in_worker_init_fn_is_the_initial_seed_in_getitem(
+    kind: str, workers: int, start: str | None
+) -> None:
+    """torch's ``initial_seed()`` is the seed last set: after a ``worker_init_fn`` that calls
+    ``torch.manual_seed(12345)``, ``__getitem__`` sees 12345 in every worker."""
+    loader = make_loader(
+        kind,
+        SeedReportDataset(12),
+        workers,
+        start,
+        batch_size=3,
+        collate_fn=identity_collate,
+        worker_init_fn=reseeding_worker_init,
+    )
+    samples = [s for batch in loader for s in batch]
+    assert [s[0] for s in samples] == list(range(12))
+    assert {s[1] for s in samples} == {USER_SEED}
 
 
 @pytest.mark.parametrize("kind", LOADERS)

@@ -29,6 +29,7 @@ import torch
 import torch.utils.data as tud
 from _datasets import (
     SLOW_SAMPLE_S,
+    USER_SEED,
     EpochDataset,
     EpochSampler,
     FailingDataset,
@@ -40,12 +41,15 @@ from _datasets import (
     RangeDataset,
     ReverseSampler,
     SampleError,
+    SeedReportDataset,
     SlowDataset,
     concat_collate,
+    drawing_worker_init,
     failing_collate,
     failing_worker_init,
     identity_collate,
     numpy_keeping_collate,
+    reseeding_worker_init,
 )
 from _support import assert_same, chunks, iterate_until_error, rebuild_like_lightning, to_lists
 
@@ -282,6 +286,40 @@ def test_randomness_independent_of_worker_count_and_dispatch() -> None:
     for a, b in zip(one[0], one[1], strict=True):
         assert a[1:] != b[1:], f"sample {a[0]} drew the same values in epochs 0 and 1"
     assert _random_epochs(2, seed=78)[0] != one[0]
+
+
+def test_seeds_set_in_worker_init_fn_are_followed_for_any_worker_count() -> None:
+    """A ``worker_init_fn`` that seeds the generators with fixed seeds: ``__getitem__`` sees
+    ``torch.initial_seed()`` as set, and the draws follow those seeds, the same for 1, 2 or 3
+    workers and whatever the loader's seed, each batch its own (under torch every worker
+    would repeat the same draws)."""
+
+    def run(workers: int, seed: int = 77) -> list[list[Any]]:
+        loader = _loader(
+            SeedReportDataset(24),
+            workers=workers,
+            batch_size=4,
+            collate_fn=identity_collate,
+            generator=torch.Generator().manual_seed(seed),
+            worker_init_fn=reseeding_worker_init,
+        )
+        return [sorted(s for b in loader for s in b) for _ in range(2)]
+
+    one = run(1)
+    assert [s[0] for s in one[0]] == list(range(24))
+    assert {s[1] for epoch in one for s in epoch} == {USER_SEED}
+    assert run(3) == one
+    assert run(2, seed=78) == one
+    draws = [s[2:] for s in one[0]]
+    assert len(set(draws)) == len(draws)
+    for a, b in zip(one[0], one[1], strict=True):
+        assert a[2:] != b[2:], f"sample {a[0]} drew the same values in epochs 0 and 1"
+    for d, (r, n) in zip(draws, (s[2:] for s in _random_epochs(1)[0]), strict=True):
+        assert d[1] != r and d[2] != n, "random and numpy follow the loader's seed, not theirs"
+
+
+def test_a_worker_init_fn_that_only_draws_leaves_the_seeds_to_stoker() -> None:
+    assert _random_epochs(2, worker_init_fn=drawing_worker_init) == _random_epochs(1)
 
 
 # -- slot lifetime -----------------------------------------------------------------------------

@@ -63,6 +63,8 @@ class BatchFetcher:
         collate_fn: the loader's collate function.
         drop_last: drop an incomplete last batch (iterable datasets).
         on_error: ``"raise"``, ``"skip"`` or ``"replace"``.
+        reseed: seeds the global generators with a batch's seed again, before its samples
+            are loaded one by one after ``__getitems__`` raised. Default :func:`seed_all`.
     """
 
     def __init__(
@@ -74,8 +76,10 @@ class BatchFetcher:
         collate_fn: Any,
         drop_last: bool,
         on_error: str,
+        reseed: Callable[[int], None] = seed_all,
     ) -> None:
         self.dataset = dataset
+        self._reseed = reseed
         self.iterable = iterable
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
@@ -122,7 +126,7 @@ class BatchFetcher:
                 samples = getitems(index)
                 loaded = True
             except Exception:
-                seed_all(seed)  # load one by one, from the same random state
+                self._reseed(seed)  # load one by one, from the same random state
                 samples = []
         if not loaded:
             for i in index:

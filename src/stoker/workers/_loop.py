@@ -31,7 +31,7 @@ from torch.utils.data._utils import worker as _torch_worker
 
 from stoker._epoch_sync import apply_changes
 from stoker._platform import thread_sched_seconds
-from stoker._seeding import seed_all
+from stoker._seeding import WorkerSeeding
 from stoker.transport import SlotArena, encode, open_private_file
 from stoker.transport._namespace import MARKER
 from stoker.workers import _collate
@@ -240,6 +240,8 @@ class _Worker:
             spill_directory=spec.spill_dir,
         )
         self.blocked = BlockedSampler()
+        self.seeding: WorkerSeeding  # made by setup(), which seeds the generators
+        self.task = (-1, -1)  # (epoch, index) of the task being loaded
 
     def send(self, msg: tuple[Any, ...]) -> None:
         self.out.send_bytes(pickle.dumps(msg, protocol=_PROTOCOL))
@@ -249,7 +251,7 @@ class _Worker:
         _torch_worker._worker_info = _torch_worker.WorkerInfo(
             id=spec.worker_id, num_workers=spec.num_workers, seed=spec.seed, dataset=self.dataset
         )
-        seed_all(spec.seed)
+        self.seeding = WorkerSeeding(spec.seed)
         _collate.install(self.arena)
         if not spec.iterable:
             self.fetcher = self._new_fetcher()
@@ -259,6 +261,7 @@ class _Worker:
             except BaseException as exc:
                 self.send(("F", spec.worker_id, pack_exception(exc, "running `worker_init_fn`")))
                 return False
+            self.seeding.adopt()
         self.send(("A", -1, -1, spec.worker_id))  # ready
         return True
 
@@ -292,7 +295,12 @@ class _Worker:
             collate_fn=self.collate_fn,
             drop_last=spec.drop_last,
             on_error=spec.on_error,
+            reseed=self._reseed,
         )
+
+    def _reseed(self, seed: int) -> None:
+        """Seed the generators again for the task being loaded."""
+        self.seeding.before_batch(seed, *self.task)
 
     def _dataset_state(self) -> Any:
         """An iterable dataset's position (for resume), if it can tell."""
@@ -315,7 +323,8 @@ class _Worker:
         wid = self.spec.worker_id
         t0 = time.perf_counter()
         self.status.begin(wid, epoch, idx)
-        seed_all(seed)
+        self.task = (epoch, idx)
+        self.seeding.before_batch(seed, epoch, idx)
         arena = self.arena
         # A failed __iter__ is reported once; the stream then counts as over for this epoch.
         error, self.fetcher_error = self.fetcher_error, None
