@@ -140,3 +140,51 @@ def test_ramps_and_watch_cost_reach_the_verdict_and_survive_json() -> None:
     back = from_json(json.loads(json.dumps(doc)))
     assert back.workloads[0].ramps == ramps
     assert doc["workloads"][0]["ramps"][0]["share_of_epoch"] == pytest.approx(0.05)
+
+
+def test_an_ideal_that_is_no_limit_gives_no_fraction() -> None:
+    # Issue 31: on `large` stoker read "7,702% of this machine's limit", because it skips the
+    # allocation and page faults of default_collate that the ideal measures.
+    import dataclasses
+
+    from stoker.bench._workloads import get_workload
+
+    assert get_workload("large").ideal_is_limit is False
+    assert get_workload("tiny").ideal_is_limit is True
+    limited = workload()
+    assert limited.ideal is not None
+    w = dataclasses.replace(limited, ideal=dataclasses.replace(limited.ideal, is_limit=False))
+    st = w.stoker
+    assert st is not None and w.fraction_of_ideal(st) is None
+    assert "limit" not in verdict(w) and "% of" not in verdict(w)
+    assert verdict(limited).endswith("60% of this machine's limit")
+    buf = io.StringIO()
+    render(result(w), Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "reference (not a limit here, no % ideal) 500 samples/s" in text
+    assert "60%" not in text
+    doc = to_json(result(w))
+    assert doc["workloads"][0]["ideal"]["is_limit"] is False
+    assert doc["workloads"][0]["contenders"][-1]["summary"]["fraction_of_ideal"] is None
+    assert from_json(doc) == result(w)
+    del doc["workloads"][0]["ideal"]["is_limit"]  # a document written before the field
+    ideal = from_json(doc).workloads[0].ideal
+    assert ideal is not None and ideal.is_limit
+
+
+def test_table_plot_and_roles_line_use_the_same_words() -> None:
+    from stoker.bench._plot import _SERIES
+    from stoker.bench._roles import ROLE_TEXT, ROLES_EXPLAINED
+
+    buf = io.StringIO()
+    render(result(), Console(file=buf, width=400))
+    text = " ".join(buf.getvalue().split())
+    assert " ".join(ROLES_EXPLAINED.split()) in text
+    for role, legend, _colour in _SERIES:
+        if role == "optional":
+            continue
+        words = ROLE_TEXT[role]  # type: ignore[index]
+        assert legend.endswith(f", {words}")
+        assert f"{words} = " in ROLES_EXPLAINED  # explained in the one roles line
+        assert words in text  # and the table's role column says it
+    assert "seed-recommended" not in " ".join(legend for _, legend, _ in _SERIES)

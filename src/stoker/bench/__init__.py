@@ -10,8 +10,8 @@ Use it from Python to bench a dataset of your own::
 Modules: ``_workloads`` (what a workload is, the registry, the cache), ``_synthetic`` and
 ``_jpeg`` (built-in workloads), ``_contenders`` (loader configurations), ``_harness``
 (measurement procedure), ``_measure`` (CPU and PSS meters), ``_stats`` (medians, ratios, the
-ideal), ``_result`` (result types), ``_report`` (table, verdicts, JSON), ``_plot`` (PNG),
-``_cli`` (the command).
+ideal), ``_result`` (result types), ``_roles`` (the words for the contenders' roles),
+``_report`` (table, verdicts, JSON), ``_plot`` (PNG), ``_cli`` (the command).
 """
 
 from __future__ import annotations

@@ -102,7 +102,12 @@ def measure_ideal(dataset: Any, workload: Workload, cores: int, seconds: float) 
     if samples == 0:
         raise ConfigError(f"workload {workload.name!r}: the dataset yielded no samples.")
     return Ideal.from_measurement(
-        cores=cores, cpu_s=cpu, wall_s=wall, samples=samples, note=workload.ideal_note
+        cores=cores,
+        cpu_s=cpu,
+        wall_s=wall,
+        samples=samples,
+        note=workload.ideal_note,
+        is_limit=workload.ideal_is_limit,
     )
 
 

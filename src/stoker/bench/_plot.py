@@ -5,20 +5,27 @@ Needs matplotlib (the ``bench`` extra: ``pip install 'stoker[bench]'``).
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from stoker.bench._result import BenchResult, ContenderResult, WorkloadResult
+from stoker.bench._roles import ROLES_EXPLAINED, role_label
 from stoker.errors import ConfigError
 
 __all__ = ["plot"]
 
-# (role, legend label, colour); one bar per role per workload.
+# The footnote: characters of 7-point text per inch of width, and inches per line.
+FOOT_CHARS_PER_INCH = 17
+FOOT_LINE_IN = 0.14
+
+# (role, legend label, colour); one bar per role per workload. The labels use the table's
+# words for the roles (`_roles.ROLE_TEXT`), explained by `_roles.ROLES_EXPLAINED` below the plot.
 _SERIES = (
-    ("torch-nw0", "torch, no workers", "#c7c7c7"),
-    ("torch-recommended", "torch, seed-recommended config", "#9ecae1"),
-    ("torch-same", "torch, same workers as stoker", "#4292c6"),
+    ("torch-nw0", role_label("torch", "torch-nw0"), "#c7c7c7"),
+    ("torch-recommended", role_label("torch", "torch-recommended"), "#9ecae1"),
+    ("torch-same", role_label("torch", "torch-same"), "#4292c6"),
     ("optional", "other libraries", "#fdae6b"),
-    ("stoker", "stoker, defaults", "#d94801"),
+    ("stoker", role_label("stoker", "stoker"), "#d94801"),
 )
 
 
@@ -145,14 +152,14 @@ def plot(result: BenchResult, path: str | Path) -> Path:
         frameon=False,
         ncol=len(series),
     )
-    fig.text(
-        0.01,
-        0.01,
+    fig_w, fig_h = fig.get_size_inches()
+    foot = [
         "bars: medians; whiskers: range of the repeats (each run / torch's best median)",
-        fontsize=7,
-        color="#666666",
-    )
-    fig.tight_layout()
+        *textwrap.wrap(ROLES_EXPLAINED, width=int(fig_w * FOOT_CHARS_PER_INCH)),
+    ]
+    fig.set_size_inches(fig_w, fig_h + FOOT_LINE_IN * len(foot))
+    fig.text(0.01, 0.01, "\n".join(foot), fontsize=7, color="#666666")
+    fig.tight_layout(rect=(0, FOOT_LINE_IN * (len(foot) + 0.5) / fig.get_size_inches()[1], 1, 1))
     out = Path(path)
     fig.savefig(out)
     plt.close(fig)

@@ -14,7 +14,8 @@ JSON schema ``stoker.bench/1`` (``stoker bench --json out.json``)::
         "error": null,                       # why the workload could not run, if it could not
         "duration_s": 24.5,                  # wall seconds this workload took
         "ideal": {"cores": 2, "cpu_s_per_sample": 2.6e-06, "wall_s_per_sample": 2.7e-06,
-                  "samples": 113408, "note": "...", "samples_per_s": 763947.0},
+                  "samples": 113408, "note": "...", "is_limit": true,
+                  "samples_per_s": 763947.0},      # is_limit false: a reference, no %
         "grid": [{"num_workers": 0, "prefetch_factor": null, "samples_per_s": 345015.2,
                   "error": null}, ...],      # torch's grid search (short runs)
         "notes": ["..."],
@@ -60,6 +61,7 @@ from stoker.bench._result import (
     RunSample,
     WorkloadResult,
 )
+from stoker.bench._roles import ROLE_TEXT, ROLES_EXPLAINED
 from stoker.bench._stats import Ideal, ratio
 from stoker.errors import ConfigError
 
@@ -86,18 +88,6 @@ _COLUMNS = (
 )
 # Width of the table when the output is not a terminal.
 PLAIN_WIDTH = 150
-_ROLE_TEXT = {
-    "torch-nw0": "baseline",
-    "torch-recommended": "seed recipe",
-    "torch-same": "same nw",
-    "torch-best": "grid best",
-    "torch-persistent": "persistent",
-    "stoker": "defaults",
-    "stoker-auto": 'num_workers="auto"',
-    "stoker-watched": "in stoker.watch",
-    "optional": "optional",
-    "torch-other": "",
-}
 
 
 def _speed(r: float, what: str) -> str:
@@ -205,7 +195,7 @@ def _table(w: WorkloadResult) -> Any:
         table.columns[-1].header = "1st batch ms/epoch"
     fastest = w.torch_best
     for c in w.contenders:
-        role = ", ".join(t for t in (_ROLE_TEXT.get(r, r) for r in c.roles) if t)
+        role = ", ".join(t for t in (ROLE_TEXT.get(r, r) for r in c.roles) if t)
         name = f"[bold]{c.name}[/]" if c.library == "stoker" else c.name
         if c is fastest:
             name += " [bold]*[/]"
@@ -257,18 +247,18 @@ def render(result: BenchResult, console: Any = None) -> None:
         out.print(_table(w))
         out.print(f"  [bold]verdict:[/] {verdict(w)}", highlight=False)
         if w.ideal is not None:
+            kind = "ideal" if w.ideal.is_limit else "reference (not a limit here, no % ideal)"
             out.print(
-                f"  ideal {w.ideal.samples_per_s:,.0f} samples/s = {w.ideal.note}", style="dim"
+                f"  {kind} {w.ideal.samples_per_s:,.0f} samples/s = {w.ideal.note}", style="dim"
             )
         for note in w.notes:
             out.print(f"  {note}", style="dim", highlight=False)
     out.print()
     out.print(
-        "roles: baseline = no workers; seed recipe = 0.7 x cores workers, prefetch_factor=4, "
-        "persistent (pinned with CUDA); same nw = stoker's num_workers at torch's better "
-        "prefetch_factor; grid best = winner of torch's short grid search; * = torch's best: "
-        "the torch row with the highest median here. x best / x same: samples/s relative to "
-        "torch's best and to same nw; main ms/batch: CPU of the main process per batch; "
+        f"{ROLES_EXPLAINED} * = torch's best: the torch row with the highest median here. "
+        "x best / x same: samples/s relative to torch's best and to same nw; % ideal: of "
+        "this machine's limit (every usable core doing the work torch's loader does per "
+        "sample), where it is one; main ms/batch: CPU of the main process per batch; "
         "CPU s/1k: CPU seconds of main + workers per 1,000 samples.",
         style="dim",
     )
@@ -317,6 +307,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
                 "wall_s_per_sample": w.ideal.wall_s_per_sample,
                 "samples": w.ideal.samples,
                 "note": w.ideal.note,
+                "is_limit": w.ideal.is_limit,
                 "samples_per_s": w.ideal.samples_per_s,
             }
         best = w.torch_best
@@ -380,7 +371,11 @@ def from_json(data: dict[str, Any]) -> BenchResult:
             ideal = None
             if w["ideal"] is not None:
                 fields = ("cores", "cpu_s_per_sample", "wall_s_per_sample", "samples", "note")
-                ideal = Ideal(**{k: w["ideal"][k] for k in fields})
+                # `is_limit` is absent from documents written before it existed: a limit.
+                ideal = Ideal(
+                    **{k: w["ideal"][k] for k in fields},
+                    is_limit=bool(w["ideal"].get("is_limit", True)),
+                )
             contenders = tuple(
                 ContenderResult(
                     name=c["name"],

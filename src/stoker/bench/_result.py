@@ -210,7 +210,8 @@ class WorkloadResult:
         description: what it stresses.
         batch_size: samples per batch.
         mode: ``"steady"`` or ``"epochs"``.
-        ideal: this machine's limit, or ``None`` when it could not be measured.
+        ideal: this machine's limit (or torch's reference where it is not a limit), or
+            ``None`` when it could not be measured.
         contenders: every contender, in the order they ran.
         grid: torch's grid search points (empty in ``epochs`` mode).
         notes: remarks printed under the table (reduced grid, skipped contenders...).
@@ -262,7 +263,10 @@ class WorkloadResult:
         return ratio(c.samples_per_s, same.samples_per_s if same else None)
 
     def fraction_of_ideal(self, c: ContenderResult) -> float | None:
-        return fraction_of(c.samples_per_s, self.ideal.samples_per_s if self.ideal else None)
+        """``c``'s rate as a fraction of this machine's limit; ``None`` where there is no
+        limit (not measured, or a reference only: :attr:`Ideal.is_limit`)."""
+        limit = self.ideal.samples_per_s if self.ideal and self.ideal.is_limit else None
+        return fraction_of(c.samples_per_s, limit)
 
 
 @dataclass(frozen=True)

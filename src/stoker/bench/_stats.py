@@ -78,6 +78,11 @@ class Ideal:
         wall_s_per_sample: single-process wall seconds per sample (includes waiting).
         samples: samples the measurement fetched.
         note: how to read the ideal for this workload.
+        is_limit: whether every contender must do the measured work, so that the ideal bounds
+            them all and a contender's rate reads as a fraction of it. ``False`` where a
+            loader can skip part of it (``large``: stoker collates into reused memory, without
+            the allocation and page faults measured here): the ideal is then torch's
+            reference, and no fraction is reported. Default ``True``.
     """
 
     cores: int
@@ -85,6 +90,7 @@ class Ideal:
     wall_s_per_sample: float
     samples: int
     note: str = ""
+    is_limit: bool = True
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -105,7 +111,14 @@ class Ideal:
 
     @classmethod
     def from_measurement(
-        cls, *, cores: int, cpu_s: float, wall_s: float, samples: int, note: str = ""
+        cls,
+        *,
+        cores: int,
+        cpu_s: float,
+        wall_s: float,
+        samples: int,
+        note: str = "",
+        is_limit: bool = True,
     ) -> Ideal:
         """Build an ideal from a single-process measurement.
 
@@ -115,6 +128,7 @@ class Ideal:
             wall_s: wall seconds it took.
             samples: samples it fetched.
             note: how to read the ideal.
+            is_limit: see :class:`Ideal`. Default ``True``.
 
         Raises:
             ConfigError: if ``samples`` < 1 or ``cpu_s`` <= 0 (too short to measure).
@@ -129,4 +143,5 @@ class Ideal:
             wall_s_per_sample=wall_s / samples,
             samples=samples,
             note=note,
+            is_limit=is_limit,
         )

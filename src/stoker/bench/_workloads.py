@@ -66,6 +66,10 @@ class Workload:
             lasting about the harness's run time (at least a few batches per worker).
         in_quick: whether ``--quick`` runs it by default.
         ideal_note: how the ideal (this machine's limit) is to be read for this workload.
+        ideal_is_limit: whether every loader must do the work the ideal measures (fetch and
+            torch's ``default_collate``), so that it bounds them all. ``False`` where a loader
+            can skip part of it: the table and verdict then give no "% ideal". Default
+            ``True``.
     """
 
     name: str
@@ -79,6 +83,7 @@ class Workload:
     ideal_note: str = (
         "usable cores / single-process CPU seconds per sample (fetch + collate, measured first)"
     )
+    ideal_is_limit: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
