@@ -15,6 +15,7 @@ import os
 import random
 import threading
 import time
+import warnings
 from collections import namedtuple
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -151,6 +152,34 @@ def drawing_worker_init(worker_id: int) -> None:
     torch.rand(3)
     random.shuffle(list(range(10)))
     np.random.permutation(10)
+
+
+class NestedDataset(Dataset[torch.Tensor]):
+    """Sample ``i`` is a nested tensor of two rows: ``[i, ..., 2i]`` and ``[-i]``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        rows = [torch.arange(index, 2 * index + 1.0), torch.tensor([-float(index)])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "nested tensors are a prototype"
+            return torch.nested.nested_tensor(rows)
+
+    @staticmethod
+    def rows(index: int) -> list[list[float]]:
+        return [[float(v) for v in range(index, 2 * index + 1)], [-float(index)]]
+
+
+def nested_collate(samples: list[torch.Tensor]) -> torch.Tensor:
+    """Collate nested samples into one nested tensor of all their rows (torch's default
+    collate refuses nested tensors)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor([row for s in samples for row in s.unbind()])
 
 
 class SlowDataset(Dataset[int]):

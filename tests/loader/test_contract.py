@@ -26,6 +26,7 @@ from _datasets import (
     GrowingBatchSampler,
     GrowingDataset,
     InfoDataset,
+    NestedDataset,
     RandomAugDataset,
     RangeDataset,
     RangeIterable,
@@ -41,6 +42,7 @@ from _datasets import (
     failing_collate,
     failing_worker_init,
     identity_collate,
+    nested_collate,
     record_collate,
     record_worker_init,
     reseeding_worker_init,
@@ -569,6 +571,30 @@ def test_rich_batches_arrive_intact(kind: str, workers: int, start: str | None) 
     assert len(got) == len(reference)
     for i, (a, e) in enumerate(zip(got, reference, strict=True)):
         assert_same(a, e, f"batch[{i}]")
+
+
+@pytest.mark.parametrize("collate", ["nested", "list", "none"])
+@pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK, SPAWN))
+def test_nested_tensors_arrive_intact(
+    kind: str, workers: int, start: str | None, collate: str
+) -> None:
+    """Nested tensors as samples (``batch_size=None``), in a list, or collated into one."""
+    extra: dict[str, Any] = (
+        {"batch_size": None}
+        if collate == "none"
+        else {
+            "batch_size": 3,
+            "collate_fn": nested_collate if collate == "nested" else identity_collate,
+        }
+    )
+    loader = make_loader(kind, NestedDataset(7), workers, start, **extra)
+    got = []
+    for batch in loader:
+        nested = [batch] if collate != "list" else batch
+        for t in nested:
+            assert t.is_nested
+            got.extend(row.tolist() for row in t.unbind())
+    assert got == [row for i in range(7) for row in NestedDataset.rows(i)]
 
 
 @pytest.mark.parametrize(("kind", "workers", "start"), cases(MAIN, FORK))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -169,3 +170,26 @@ def test_collate_errors_match_torch_for_mismatched_shapes(collate_into_slots):
     arena.begin()
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         default_collate([torch.zeros(2), torch.zeros(3)])
+
+
+def _nested(values: list[list[float]], dtype: torch.dtype) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "nested tensors are a prototype"
+        return torch.nested.nested_tensor([torch.tensor(v, dtype=dtype) for v in values])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16], ids=str)
+def test_nested_tensors_survive_behind_other_tensors(pool, dtype):
+    """A nested tensor is pickled as its buffer and its components' offsets into the buffer's
+    storage: its buffer lies further in the slot than other tensors of the batch, and
+    decodes as a view whose storage starts where the buffer does (it read the slot's first
+    bytes before)."""
+    arena, slots = pool
+    rows = [[1, 2, 3], [4, 5], [6]]
+    batch = {"ids": torch.arange(5), "nested": _nested(rows, dtype), "again": _nested(rows, dtype)}
+    out, enc = roundtrip(batch, arena, slots)
+    assert enc.slot is not None and not enc.fallback
+    for key in ("nested", "again"):
+        assert out[key].is_nested and out[key].dtype == dtype
+        assert [t.tolist() for t in out[key].unbind()] == rows
+    assert out["ids"].tolist() == list(range(5))

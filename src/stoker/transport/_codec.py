@@ -338,6 +338,26 @@ class _ViewUnpickler(pickle.Unpickler):
         self.base: torch.Tensor | None = None
         self.typed: dict[int, torch.Tensor] = {}  # the whole slot viewed as each dtype
 
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_nested_tensor":
+            return self._rebuild_nested_tensor
+        return super().find_class(module, name)
+
+    def _rebuild_nested_tensor(
+        self, buffer: torch.Tensor, sizes: Any, strides: Any, offsets: Any
+    ) -> torch.Tensor:
+        """A (strided) nested tensor viewing the slot. torch's rebuild takes the components'
+        offsets from the start of the buffer's storage, so the buffer, a view into the slot,
+        is given a storage of its own that starts where it does (the bytes are not copied)."""
+        if buffer.storage_offset():
+            if buffer.is_contiguous() and buffer.numel():
+                start = buffer.data_ptr() - self.owner.ctypes.data
+                nbytes = buffer.numel() * buffer.element_size()
+                buffer = torch.from_numpy(self.owner[start : start + nbytes]).view(buffer.dtype)
+            else:
+                buffer = buffer.clone()
+        return torch._nested_view_from_buffer(buffer, sizes, strides, offsets)
+
     def persistent_load(self, pid: Any) -> Any:
         obj = self.objects[pid]
         if obj is not None:
