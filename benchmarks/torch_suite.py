@@ -37,6 +37,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 ANCHOR = "import operator\n"
 SWAP = "from stoker import DataLoader\ntorch.utils.data.DataLoader = DataLoader\n"
@@ -93,7 +94,13 @@ def run(src: Path, loader: str, timeout: int, k_extra: str, wall: int) -> dict:
 
 
 def summarize(xml: Path, loader: str, tail: str) -> dict:
-    res = {"loader": loader, "passed": [], "failed": [], "skipped": [], "errors": []}
+    res: dict[str, Any] = {
+        "loader": loader,
+        "passed": [],
+        "failed": [],
+        "skipped": [],
+        "errors": [],
+    }
     if not xml.exists():
         print(tail)
         return res
