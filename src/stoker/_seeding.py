@@ -145,6 +145,10 @@ class WorkerSeeding:
     def before_batch(self, seed: int, epoch: int, batch: int) -> None:
         """Seed the generators for batch ``batch`` of ``epoch``, whose seed is ``seed``."""
 
+        if self._torch is None and self._random is None and self._numpy is None:
+            seed_all(seed)  # the common case: every generator is stoker's
+            return
+
         def own(base: int | None) -> int:
             return seed if base is None else batch_seed(epoch_seed(base, epoch), batch)
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from stoker.shards import ShardDataset, ShardError, build_index, read_index
-from stoker.shards._index import INDEX_NAME, ShardInfo
+from stoker.shards._index import _SHARD_FIELDS, INDEX_NAME, ShardInfo
 from stoker.shards._tar import encode_sample, end_of_archive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
@@ -332,19 +332,6 @@ def test_fuzz_mutated_index_reads_true_bytes_or_is_a_shard_error(
     _check_loads_and_reads_its_members_or_refuses(shard_dir)
 
 
-_SHARD_FIELDS = (
-    "name",
-    "size",
-    "sha256",
-    "samples",
-    "keys",
-    "fields",
-    "pattern",
-    "offsets",
-    "sizes",
-    "chunk_size",
-    "chunk_crc32",
-)
 _shard_like = st.fixed_dictionaries(dict.fromkeys(_SHARD_FIELDS, _json | _edge))
 
 

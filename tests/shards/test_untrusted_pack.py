@@ -62,6 +62,16 @@ def _pack_warned(src: Path, out: Path, **kwargs: Any) -> list[str]:
 # -- the walk ends (in a child with a hard limit: before, these never finished) --
 
 
+def _pack_isolated(src: Path, out: Path, follow_links: bool) -> Any:
+    """``case_pack`` in a child with a hard limit (a regression must not hang the suite);
+    the two regular samples are packed whatever else SRC holds."""
+    run = run_case(
+        case_pack, limit_s=HANG_LIMIT_S, src=str(src), out=str(out), follow_links=follow_links
+    )
+    assert run.result["packed"] == {"x": b"hello x", "sub/y": b"hello y"}
+    return run
+
+
 def case_pack(src: str, out: str, follow_links: bool) -> dict[str, Any]:
     kwargs = {"follow_links": True} if follow_links else {}
     found = _pack_warned(Path(src), Path(out), **kwargs)
@@ -73,14 +83,7 @@ def test_pack_with_a_link_loop_finishes(tmp_path: Path, follow_links: bool) -> N
     src = _src(tmp_path / "src")
     os.symlink(".", src / "a")
     os.symlink("..", src / "sub" / "b")
-    run = run_case(
-        case_pack,
-        limit_s=HANG_LIMIT_S,
-        src=str(src),
-        out=str(tmp_path / "out"),
-        follow_links=follow_links,
-    )
-    assert run.result["packed"] == {"x": b"hello x", "sub/y": b"hello y"}
+    run = _pack_isolated(src, tmp_path / "out", follow_links)
     (message,) = run.result["warnings"]
     assert "'a'" in message and "'sub/b'" in message
     assert ("already walked" if follow_links else "symbolic link") in message
@@ -90,14 +93,7 @@ def test_pack_with_a_link_loop_finishes(tmp_path: Path, follow_links: bool) -> N
 def test_pack_with_a_fifo_in_src_finishes_and_names_it(tmp_path: Path, follow_links: bool) -> None:
     src = _src(tmp_path / "src")
     os.mkfifo(src / "z.txt")
-    run = run_case(
-        case_pack,
-        limit_s=HANG_LIMIT_S,
-        src=str(src),
-        out=str(tmp_path / "out"),
-        follow_links=follow_links,
-    )
-    assert run.result["packed"] == {"x": b"hello x", "sub/y": b"hello y"}
+    run = _pack_isolated(src, tmp_path / "out", follow_links)
     (message,) = run.result["warnings"]
     assert "'z.txt': a FIFO" in message
 
@@ -107,14 +103,7 @@ def test_a_link_to_a_device_is_not_read(tmp_path: Path, follow_links: bool) -> N
     """Before: links were followed, and /dev/zero was read without end."""
     src = _src(tmp_path / "src")
     os.symlink("/dev/zero", src / "zero.txt")
-    run = run_case(
-        case_pack,
-        limit_s=HANG_LIMIT_S,
-        src=str(src),
-        out=str(tmp_path / "out"),
-        follow_links=follow_links,
-    )
-    assert run.result["packed"] == {"x": b"hello x", "sub/y": b"hello y"}
+    run = _pack_isolated(src, tmp_path / "out", follow_links)
     why = "a symbolic link to '/dev/zero', outside" if follow_links else "a symbolic link ("
     assert f"'zero.txt': {why}" in run.result["warnings"][0]
 
