@@ -59,18 +59,24 @@ def tuple_dataset() -> TupleDataset:
 
 
 class DyingDataset(FieldsDataset):
-    """Sample 25 kills the pack worker loading it (as the out-of-memory killer would); in the
-    process that made the dataset it loads as usual."""
+    """Sample ``dies_at`` kills the pack worker loading it (as the out-of-memory killer would);
+    in the process that made the dataset it loads as usual."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, dies_at: int = 25) -> None:
         super().__init__(n)
         self.owner = os.getpid()
+        self.dies_at = dies_at
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        if i == 25 and os.getpid() != self.owner:
+        if i == self.dies_at and os.getpid() != self.owner:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().__getitem__(i)
 
 
 def dying_dataset() -> DyingDataset:
     return DyingDataset(SAMPLES)
+
+
+def dying_first_dataset() -> DyingDataset:
+    """Dies before any shard is complete: the state file must still allow `--resume`."""
+    return DyingDataset(SAMPLES, dies_at=0)

@@ -202,12 +202,14 @@ def test_killed_pack_is_incomplete_and_resume_gives_the_same_bytes(tmp_path: Pat
         pack("shard_factories:slow_dataset", out, shard_size=16_000, resume=True)
 
 
-def test_a_pack_worker_killed_is_an_error_and_resume_finishes(tmp_path: Path) -> None:
-    """multiprocessing.Pool waited forever for a dead worker's chunk."""
+@pytest.mark.parametrize("factory", ["dying_dataset", "dying_first_dataset"])
+def test_a_pack_worker_killed_is_an_error_and_resume_finishes(tmp_path: Path, factory: str) -> None:
+    """multiprocessing.Pool waited forever for a dead worker's chunk; a death before the first
+    shard was complete once dropped the state file the error told the user to resume from."""
     out = tmp_path / "out"
     code = (
         "import sys; sys.argv[0] = 'stoker'; from shard_helpers import run_cli; "
-        "sys.exit(run_cli('pack', 'shard_factories:dying_dataset', sys.argv[1], '--workers', "
+        f"sys.exit(run_cli('pack', 'shard_factories:{factory}', sys.argv[1], '--workers', "
         "'2', '--shard-size', '16KB', '--no-progress'))"
     )
     done = subprocess.run(
@@ -223,8 +225,8 @@ def test_a_pack_worker_killed_is_an_error_and_resume_finishes(tmp_path: Path) ->
     assert "a pack worker died" in done.stderr and "--resume" in done.stderr, done.stderr
     assert not (out / "index.json").exists()
     # In this process sample 25 loads: resuming finishes the pack, as a clean one would.
-    pack("shard_factories:dying_dataset", out, shard_size=16_000, resume=True)
-    pack("shard_factories:dying_dataset", tmp_path / "reference", shard_size=16_000)
+    pack(f"shard_factories:{factory}", out, shard_size=16_000, resume=True)
+    pack(f"shard_factories:{factory}", tmp_path / "reference", shard_size=16_000)
     assert _tree_bytes(out) == _tree_bytes(tmp_path / "reference")
 
 

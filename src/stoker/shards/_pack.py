@@ -167,6 +167,10 @@ def _encoder(source: Source, workers: int) -> Iterator[Callable[[range], Iterato
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+class _WorkerDied(ShardError):
+    """A pack worker was killed; the pack can be resumed even before its first shard is done."""
+
+
 def _in_order(pool: ProcessPoolExecutor, indices: range, window: int) -> Iterator[EncodedSample]:
     """The encoded samples at ``indices``, in order, with at most ``window`` chunks in flight.
 
@@ -184,7 +188,7 @@ def _in_order(pool: ProcessPoolExecutor, indices: range, window: int) -> Iterato
                 pending.append(pool.submit(_encode_chunk, chunk))
             yield from encoded
     except BrokenProcessPool as exc:
-        raise ShardError(
+        raise _WorkerDied(
             "a pack worker died (killed by a signal: the out-of-memory killer?); the shards "
             "written so far are kept: run the same command with `--resume` to finish (with "
             "fewer `--workers` if memory is short)."
@@ -256,10 +260,11 @@ def pack(
                 writer.write(sample)
                 bar.advance(len(sample.blob))
             shards = done + writer.close()
-    except BaseException:
+    except BaseException as exc:
         if writer is not None:
             writer.abort()
-        if not resume and not _completed(out):
+        # The dead-worker error tells the user to `--resume`, so its state file must stay.
+        if not resume and not isinstance(exc, _WorkerDied) and not _completed(out):
             # Nothing to resume: leave no state file to block the corrected command.
             (out / PACK_STATE_NAME).unlink(missing_ok=True)
             if created:
