@@ -1,8 +1,8 @@
 """``stoker tune`` against an exhaustive grid over the same space, on bench workloads.
 
-The grid measures every configuration of :func:`stoker._tune.candidates` (both backends x
+The grid measures every configuration of :func:`stoker.tuner._tune.candidates` (both backends x
 worker counts x prefetch), loading in the main process and any other configuration tune tried
-(thread counts past 4 per core), each with the same :func:`stoker._tune.measure` and for as
+(thread counts past 4 per core), each with the same :func:`stoker.tuner._tune.measure` and for as
 long as tune measured its finalists (the precision at which tune picked its winner). Printed
 per workload: tune's wall time over the grid's, and the grid's rate for tune's winner over the
 grid's best. The grid's best is the highest of many short noisy measurements (biased upwards),
@@ -19,9 +19,9 @@ import argparse
 import statistics
 import time
 
-from stoker._platform import usable_cores
-from stoker._tune import Candidate, candidates, measure, tune
+from stoker._introspect.platform import usable_cores
 from stoker.bench._workloads import get_workload
+from stoker.tuner._tune import Candidate, candidates, measure, tune
 
 AB_RUN_S = 2.4
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from stoker._compact import compact
-from stoker._stats import LoaderStats, WorkerStats
 from stoker.errors import (
     ConfigError,
     FailureLimitError,
@@ -32,13 +30,15 @@ from stoker.errors import (
 )
 from stoker.faults import Failure
 from stoker.loader import DataLoader
+from stoker.loader._stats import LoaderStats, WorkerStats
+from stoker.workers._compact import compact
 
 if TYPE_CHECKING:
-    from stoker._tune import tune
     from stoker.doctor import diagnose
     from stoker.monitor import watch
     from stoker.sampling import RankSampler, World
     from stoker.shards import HDF5Dataset, LMDBDataset, ShardDataset
+    from stoker.tuner import tune
 
 __version__ = "0.1.0"
 
@@ -50,7 +50,7 @@ _LAZY = {
     "ShardDataset": "stoker.shards",
     "World": "stoker.sampling",
     "diagnose": "stoker.doctor",
-    "tune": "stoker._tune",
+    "tune": "stoker.tuner",
     "watch": "stoker.monitor",
 }
 

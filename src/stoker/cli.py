@@ -32,7 +32,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "stoker.bench._cli",
         "torch's DataLoader and stoker side by side on built-in workloads",
     ),
-    "tune": ("stoker._tune_cli", "search a fast loader configuration and write stoker.toml"),
+    "tune": ("stoker.tuner._cli", "search a fast loader configuration and write stoker.toml"),
     "report": (
         "stoker.monitor._report_cli",
         "summary and timeline plot of a stoker.watch jsonl log",

@@ -13,13 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from stoker._commands.step import consume
 from stoker.bench import _jpeg, _synthetic
 from stoker.bench._workloads import (
     CACHE_ENV,
     Workload,
     builtin_workloads,
     cache_dir,
-    consume,
     get_workload,
     register,
 )

@@ -10,8 +10,8 @@ import torch
 import torch.utils.data as tud
 
 from stoker import DataLoader
-from stoker._distributed import check_fingerprints
 from stoker.errors import ConfigError
+from stoker.loader._distributed import check_fingerprints
 from stoker.sampling import RankSampler
 
 N = 29

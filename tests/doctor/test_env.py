@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from stoker import _platform
+from stoker._introspect import platform as _platform
 from stoker.doctor._env import (
     collect_env,
     environment_manager,

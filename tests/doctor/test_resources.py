@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from stoker import _platform
+from stoker._introspect import platform as _platform
 from stoker.doctor import Severity, diagnose
 from stoker.doctor._resources import (
     check_cores,

@@ -16,9 +16,9 @@ import pytest
 import torch.utils.data as tud
 
 import stoker
-from stoker._arguments import BACKENDS
 from stoker.errors import ConfigTypeError
-from stoker.loader import Backend
+from stoker.loader._arguments import BACKENDS
+from stoker.loader._loader import Backend
 
 DATA = list(range(8))
 

@@ -17,7 +17,7 @@ import torch
 from _datasets import FailingDataset, RandomAugDataset, SampleError
 
 import stoker
-from stoker import _inline
+from stoker.loader import _inline
 
 
 def _loader(dataset: Any, ahead: bool, **kwargs: Any) -> stoker.DataLoader:

@@ -54,7 +54,7 @@ from _datasets import (
 from _support import assert_same, chunks, iterate_until_error, rebuild_like_lightning, to_lists
 
 import stoker
-from stoker._platform import usable_cores
+from stoker._introspect.platform import usable_cores
 
 HANG_GUARD_S = 120
 # How long worker processes may take to exit once their loader or iterator is released.
@@ -383,7 +383,7 @@ def test_large_batches_after_small_ones_and_back() -> None:
 
 
 def test_batches_over_the_slot_budget_fall_back_intact(monkeypatch: pytest.MonkeyPatch) -> None:
-    import stoker._iterator as engine
+    import stoker.loader._iterator as engine
 
     monkeypatch.setattr(engine, "MIN_SLOT_BUDGET", 1 << 20)
     monkeypatch.setattr(engine, "SHM_BUDGET_FRACTION", 0.0)
@@ -894,9 +894,9 @@ def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(mo
     start hands out one batch per core to as many workers, then widens as cores sit idle,
     starting more, and lifts."""
     import stoker
-    from stoker import _scaling
-    from stoker import loader as loader_module
-    from stoker._platform import usable_cores
+    from stoker._introspect.platform import usable_cores
+    from stoker.autotune import _scaling
+    from stoker.loader import _loader as loader_module
 
     cores = usable_cores()
     monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 2)
@@ -930,9 +930,9 @@ class _Busy(tud.Dataset):
 
 def test_a_slow_start_on_busy_cores_never_starts_the_deferred_workers(monkeypatch):
     import stoker
-    from stoker import _scaling
-    from stoker import loader as loader_module
-    from stoker._platform import usable_cores
+    from stoker._introspect.platform import usable_cores
+    from stoker.autotune import _scaling
+    from stoker.loader import _loader as loader_module
 
     cores = usable_cores()
     monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 6)
@@ -961,7 +961,7 @@ def test_batches_in_freshly_created_slots_do_not_size_the_prefetch_depth(monkeyp
     a mapping, the first touch of each page): a one-off cost that must not pass for the
     latency spread the prefetch depth absorbs. Every other batch's latency is recorded."""
     import stoker
-    from stoker import _scaling
+    from stoker.autotune import _scaling
 
     recorded: list[float] = []
     monkeypatch.setattr(_scaling.AutoScaler, "record_latency", lambda self, s: recorded.append(s))

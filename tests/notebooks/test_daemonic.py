@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import stoker
-from stoker import _spawn
-from stoker._spawn import fallback_backend, processes_allowed
+from stoker.workers import _spawn
+from stoker.workers._spawn import fallback_backend, processes_allowed
 
 # Pools are forked: the functions below run in a copy of this process (nothing re-imported).
 _FORK = multiprocessing.get_context("fork")

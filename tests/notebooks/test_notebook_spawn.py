@@ -39,7 +39,7 @@ def test_stoker_loads_notebook_code_under_spawn_and_forkserver(workdir: Path) ->
 
     setup = text_of(_cell(nb, 'print("python:"'))
     assert f"python: {sys.executable}" in setup  # the kernel runs the venv's interpreter
-    assert "loader: stoker.loader" in setup
+    assert "loader: stoker.loader._loader" in setup
     for method in ("spawn", "forkserver"):
         out = text_of(_cell(nb, f'multiprocessing_context="{method}"'))
         assert f"{method}: 24 samples correct, loaded by worker pids" in out, out

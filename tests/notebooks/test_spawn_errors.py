@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import stoker
-from stoker._spawn import (
+from stoker.workers._spawn import (
     MainGuardError,
     UnpicklableError,
     check_main_guard,
@@ -203,7 +203,7 @@ def test_check_main_guard_names_the_script_line_during_a_reimport(
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(
-        "import os\n\nfrom stoker._spawn import check_main_guard\n\ncheck_main_guard()\n"
+        "import os\n\nfrom stoker.workers._spawn import check_main_guard\n\ncheck_main_guard()\n"
     )
     # what spawn's bootstrap does: flag the process, run the script as __mp_main__
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)

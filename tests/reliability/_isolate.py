@@ -50,7 +50,7 @@ REAP_POLL_S = 0.01
 # (module, attribute, value): the engine's intervals, shrunk so that a fault case takes a
 # second, not a minute. They are read at call time, and forked workers inherit them.
 SHRUNK: tuple[tuple[str, str, float], ...] = (
-    ("stoker._iterator", "WAIT_SLICE_S", 0.05),
+    ("stoker.loader._iterator", "WAIT_SLICE_S", 0.05),
     ("stoker.workers._loop", "PARENT_POLL_S", 0.05),
     ("stoker.workers._process", "STOP_GRACE_S", 0.5),
     ("stoker.workers._process", "TERM_GRACE_S", 0.3),

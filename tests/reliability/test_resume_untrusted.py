@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import stoker
-from stoker._resume import UNSIZED_BATCHES_LIMIT, EpochState
 from stoker.errors import ConfigError
 from stoker.sampling import RankSampler, World
+from stoker.sampling._resume import UNSIZED_BATCHES_LIMIT, EpochState
 
 pytestmark = [
     pytest.mark.timeout(240),

@@ -111,13 +111,13 @@ def make_plan(
         quick: short runs, 3 repeats and a reduced torch grid (about 25 s per workload on
             2 cores) instead of 5 repeats and the full grid.
         repeats: timed runs per contender. Default 3 in quick mode, 5 otherwise.
-        cores: usable cores. Default :func:`stoker._platform.usable_cores`.
+        cores: usable cores. Default :func:`stoker._introspect.platform.usable_cores`.
         multiprocessing_context: start method for loaders with workers. Default: platform's.
 
     Raises:
         ConfigError: if ``repeats`` < 1.
     """
-    from stoker._platform import usable_cores
+    from stoker._introspect.platform import usable_cores
 
     n = cores or usable_cores()
     grid = _grid_workers(n, quick)

@@ -74,7 +74,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def load_factory(spec: str, option: str = "--dataset") -> Any:
-    """Import ``"module:attribute"`` (see :func:`stoker._target.import_factory`) and return it.
+    """Import ``"module:attribute"`` and return it (:func:`stoker._commands.target.import_factory`).
 
     Args:
         spec: ``"module:factory"``.
@@ -84,7 +84,7 @@ def load_factory(spec: str, option: str = "--dataset") -> Any:
         ConfigError: if the spec is malformed, the module does not import or the attribute
             is missing or not callable.
     """
-    from stoker._target import import_factory
+    from stoker._commands.target import import_factory
 
     return import_factory(spec, option)
 
@@ -139,9 +139,9 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from stoker import bench
-    from stoker._console import console
-    from stoker._output import check_output_path
-    from stoker._target import call_factory
+    from stoker._commands.console import console
+    from stoker._commands.output import check_output_path
+    from stoker._commands.target import call_factory
     from stoker.bench._report import PLAIN_WIDTH, render, write_json
     from stoker.bench._workloads import Workload
     from stoker.errors import ConfigError

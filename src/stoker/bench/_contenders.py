@@ -183,7 +183,7 @@ def build_loader(
             **kwargs,
         )
     if spec.library == "stoker":
-        from stoker.loader import DataLoader
+        from stoker.loader._loader import DataLoader
 
         if spec.prefetch_factor is not None:
             kwargs["prefetch_factor"] = spec.prefetch_factor

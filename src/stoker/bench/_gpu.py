@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from stoker._platform import usable_cores
+from stoker._introspect.platform import usable_cores
 from stoker.errors import ConfigError
 
 __all__ = ["GpuBenchResult", "run_gpu_bench"]

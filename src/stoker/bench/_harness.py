@@ -11,7 +11,7 @@ For each workload, in one process tree:
    time one run, and shut it down before the next contender starts.
 
 A timed run iterates ``iter(loader)`` and passes every batch to
-:func:`~stoker.bench._workloads.consume` (one read per 4 KiB page of every tensor).
+:func:`~stoker._commands.step.consume` (one read per 4 KiB page of every tensor).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from stoker._commands.step import consume
 from stoker.bench._contenders import (
     ContenderSpec,
     build_loader,
@@ -37,7 +38,7 @@ from stoker.bench._plan import Plan, Progress, Report, SeededSampler
 from stoker.bench._ramp import RAMP_STARTS, REACH, measure_ramp, ramps_planned
 from stoker.bench._result import ContenderResult, GridPoint, Ramp, RunSample, WorkloadResult
 from stoker.bench._stats import Ideal, median
-from stoker.bench._workloads import Workload, consume
+from stoker.bench._workloads import Workload
 from stoker.errors import ConfigError
 
 __all__ = [

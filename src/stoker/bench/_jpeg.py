@@ -83,7 +83,7 @@ def ensure_images(count: int, directory: Path | None = None) -> list[str]:
     paths = [str(root / f"{i:06d}.jpg") for i in range(count)]
     missing = [(p, i) for i, p in enumerate(paths) if not os.path.exists(p)]
     if missing:
-        from stoker._platform import usable_cores
+        from stoker._introspect.platform import usable_cores
 
         print(
             f"stoker bench: generating {len(missing)} synthetic JPEGs into {root} (once)",

@@ -1,7 +1,7 @@
 """How fast ``num_workers="auto"`` gets up to speed: ramp runs from 1 worker and from 16.
 
 A ramp run builds a fresh auto loader whose controller starts from a given worker count
-(:data:`stoker.loader.AUTO_START_WORKERS`), iterates for the plan's ``ramp_s`` seconds from
+(:data:`stoker.loader._loader.AUTO_START_WORKERS`), iterates for the plan's ``ramp_s`` seconds from
 ``iter()`` (the backend probe and worker start-up included) and records when each batch
 arrived. The rate over a sliding window is compared with a reference rate, the auto
 contender's median from the timed runs (where its controller had settled), and the ramp ends
@@ -21,10 +21,11 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from stoker._commands.step import consume
 from stoker.bench._contenders import BATCH_TIMEOUT_S, close_loader
 from stoker.bench._plan import Plan, SeededSampler
 from stoker.bench._result import Ramp
-from stoker.bench._workloads import Workload, consume
+from stoker.bench._workloads import Workload
 
 __all__ = ["RAMP_STARTS", "REACH", "measure_ramp", "ramps_planned", "reach_time"]
 
@@ -73,7 +74,7 @@ def measure_ramp(
     multiprocessing_context: str | None = None,
 ) -> Ramp:
     """One ramp run (see the module docstring)."""
-    from stoker import loader as loader_module
+    from stoker.loader import _loader as loader_module
 
     saved = loader_module.AUTO_START_WORKERS
     loader_module.AUTO_START_WORKERS = start_workers

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import torch
 
 from stoker.errors import ConfigError
 
@@ -28,13 +26,11 @@ __all__ = [
     "Workload",
     "builtin_workloads",
     "cache_dir",
-    "consume",
     "get_workload",
     "register",
 ]
 
 CACHE_ENV = "STOKER_CACHE"
-PAGE_BYTES = 4096
 # Modules that register built-in workloads when imported (add yours here).
 _BUILTIN_MODULES: tuple[str, ...] = (
     "stoker.bench._synthetic",
@@ -153,37 +149,3 @@ def cache_dir() -> Path:
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensor_leaves(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensor_leaves(value)
-
-
-def consume(batch: Any) -> int:
-    """The bench's "training step": touch every batch realistically but cheaply.
-
-    Reads one element per 4 KiB page of every tensor leaf, so page faults and the cost of
-    moving the batch are paid by every contender alike, then drops the batch.
-
-    Args:
-        batch: a batch as a loader yields it (tensors nested in tuples, lists and dicts).
-
-    Returns:
-        The number of samples in the batch (the first dimension of its first tensor leaf,
-        1 when it has none).
-    """
-    samples = 0
-    for leaf in _tensor_leaves(batch):
-        if not samples:
-            samples = int(leaf.shape[0]) if leaf.dim() else 1
-        if leaf.numel():
-            stride = max(1, PAGE_BYTES // leaf.element_size())
-            leaf.reshape(-1)[::stride].sum()
-    return samples or 1

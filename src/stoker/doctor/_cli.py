@@ -86,7 +86,7 @@ def _diagnose(args: argparse.Namespace) -> Diagnosis:
                 f"cannot parse the script {target!r}: {exc.msg}{where}. Pass a Python file "
                 "that runs."
             ) from exc
-    from stoker._target import call_factory, describe_exception, importing_from_cwd
+    from stoker._commands.target import call_factory, describe_exception, importing_from_cwd
     from stoker.doctor._diagnose import diagnose
     from stoker.doctor._subject import load_factory
 
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         render_json(diagnosis, sys.stdout)
     else:
-        from stoker._console import console
+        from stoker._commands.console import console
 
         render_text(diagnosis, console=console())
     return diagnosis.exit_status(strict=args.strict)

@@ -44,7 +44,7 @@ def diagnose(
         measure_memory: also fork real workers and measure their private-memory growth (SK302).
             Default ``False``; takes a few seconds.
         shm_dir: the shared-memory directory to check. Default: /dev/shm for torch's loader,
-            ``stoker._platform.shm_dir()`` for stoker's.
+            ``stoker._introspect.platform.shm_dir()`` for stoker's.
         shm_free_bytes: free bytes to assume for ``shm_dir``. Default: measured (statvfs).
         target: the name to show for what was diagnosed. Default: the object's type.
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from stoker import _platform
+from stoker._introspect import platform as _platform
 
 __all__ = ["collect_env", "environment_manager", "export_environment", "pip_environment_yaml"]
 

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: ``--data-dir`` is not a directory, or ``--export`` names a file that
             cannot be written (a usage error, status 2).
     """
-    from stoker._output import check_output_path
+    from stoker._commands.output import check_output_path
     from stoker.doctor._env import collect_env, export_environment
     from stoker.errors import ConfigError
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from stoker._console import console
+    from stoker._commands.console import console
 
     table = Table(title="stoker env", show_header=False, box=None, title_justify="left")
     table.add_column(style="bold")

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import Any
 
-from stoker import _platform
+from stoker._introspect import platform as _platform
 from stoker.doctor._finding import Finding, Severity
 from stoker.doctor._subject import Subject
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from stoker import _platform
+from stoker._introspect import platform as _platform
 from stoker._introspect.main_guard import (
     loader_names,
     mentions,
@@ -245,7 +245,7 @@ def _check_worker_count(script: Script, cores: int) -> Iterator[Finding]:
                 "cpu_count() reports the host's cores: in a container or under a CPU affinity "
                 "mask it can be many times what the process may use, and it leaves no core for "
                 "the training loop, so workers contend with it and with each other.",
-                "from stoker._platform import usable_cores  # affinity and cgroup quota\n"
+                "from stoker._introspect.platform import usable_cores  # affinity, cgroup quota\n"
                 "num_workers = max(1, usable_cores() - 1)\n"
                 '# or: stoker.DataLoader(..., num_workers="auto")',
                 script.where(node or call.node),

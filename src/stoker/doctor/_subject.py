@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from stoker import _platform
+from stoker._introspect import platform as _platform
 from stoker.errors import ConfigError
 
 __all__ = ["Subject", "load_factory", "subject_of"]
@@ -92,7 +92,7 @@ def subject_of(obj: Any) -> Subject:
                 "DataLoader, a Dataset, or a function that takes no arguments and returns one."
             ) from exc
     if isinstance(obj, tud.DataLoader):
-        from stoker.loader import DataLoader as StokerLoader
+        from stoker.loader._loader import DataLoader as StokerLoader
 
         workers = int(obj.num_workers)
         prefetch = obj.prefetch_factor if workers > 0 and obj.prefetch_factor else 2

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from stoker._stats import LoaderStats
+from stoker.loader._stats import LoaderStats
 from stoker.monitor._types import BusySource, LoaderHealth
 
 __all__ = ["PSS_MIN_INTERVAL_S", "SAMPLE_MIN_INTERVAL_S", "LoaderProbe"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker._platform import usable_cores
+from stoker._introspect.platform import usable_cores
 from stoker.errors import ConfigError
 from stoker.monitor._detect import (
     StallDetector,

@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: the log cannot be read or is not a ``stoker.watch`` log, or ``-o`` cannot
             be written (a usage error, status 2).
     """
-    from stoker._console import console
-    from stoker._output import check_output_path
+    from stoker._commands.console import console
+    from stoker._commands.output import check_output_path
     from stoker.monitor._report import load_run, summarize
     from stoker.monitor._sinks import to_json
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, Generic, TypeVar
 
-from stoker._platform import usable_cores
+from stoker._introspect.platform import usable_cores
 from stoker.errors import ConfigError
 from stoker.monitor._detect import diagnose, find_sawtooth, wait_fraction
 from stoker.monitor._display import REFRESH_HZ, make_display

@@ -14,10 +14,10 @@ from stoker.shards._decode import Decode, make_decoder, select_fields
 from stoker.shards._index import ShardIndex, read_index
 from stoker.shards._limits import MAX_IMAGE_PIXELS
 from stoker.shards._reader import ShardReader, Verify
+from stoker.shards._stream import ShardStream
 
 if TYPE_CHECKING:
-    from stoker.sampling import World
-    from stoker.shards._stream import ShardStream
+    from stoker.sampling._samplers import World
 
 __all__ = ["ShardDataset"]
 
@@ -175,8 +175,6 @@ class ShardDataset(tud.Dataset[Any]):
                 samples per epoch so every rank gets the same count; ``False`` skips up to
                 ``world_size - 1`` instead.
         """
-        from stoker.shards._stream import ShardStream
-
         return ShardStream(
             self, shuffle=shuffle, buffer_size=buffer_size, seed=seed, world=world, pad=pad
         )

@@ -18,17 +18,31 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch.utils.data as tud
 
-from stoker._partition import share_size
 from stoker.errors import ConfigError
 from stoker.sampling import World
+from stoker.sampling._partition import share_size
 
-if TYPE_CHECKING:
-    from stoker.shards._dataset import ShardDataset
+
+class ShardSource(Protocol):
+    """What a stream reads from: a :class:`~stoker.shards.ShardDataset` (a protocol, so this
+    module does not import the dataset that creates streams)."""
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]: ...
+
+    def __len__(self) -> int: ...
+
+    def shard_range(self, shard: int) -> range: ...
+
+    def raw(self, index: int) -> dict[str, Any]: ...
+
+    def finish(self, sample: dict[str, Any]) -> Any: ...
+
 
 __all__ = ["ShardStream", "assign_spans", "rank_span", "split_even"]
 
@@ -119,7 +133,7 @@ class ShardStream(tud.IterableDataset[Any]):
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: ShardSource,
         *,
         shuffle: bool,
         buffer_size: int,

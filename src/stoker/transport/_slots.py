@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from stoker._platform import shm_dir, shm_free_bytes, shm_total_bytes
+from stoker._introspect.platform import shm_dir, shm_free_bytes, shm_total_bytes
 from stoker.errors import SharedMemoryError
 from stoker.transport._mapping import map_file
 from stoker.transport._namespace import create_private_file
@@ -86,7 +86,7 @@ class SlotArena:
         budget_bytes: most bytes of slots this worker may hold; beyond it batches take the
             ordinary (pickled) path.
         directory: the pool's private directory (:class:`PoolNamespace`). Default:
-            ``stoker._platform.shm_dir()`` (tests only: a pool never writes there directly).
+            ``stoker._introspect.platform.shm_dir()`` (tests only: a pool never writes there).
         require: raise :class:`SharedMemoryError` when the directory has no room for a slot,
             instead of leaving the batch to the ordinary path (``shm="require"``).
         spill_directory: a private directory on another filesystem (under the temp
@@ -296,7 +296,7 @@ class SlotMap:
     views it any more.
 
     Args:
-        directory: the pool's private directory. Default: ``stoker._platform.shm_dir()``.
+        directory: the pool's private directory. Default: ``stoker._introspect.platform.shm_dir()``.
     """
 
     def __init__(

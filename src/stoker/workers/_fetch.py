@@ -21,8 +21,8 @@ from typing import Any
 
 from torch.utils.data._utils import fetch as _fetch
 
-from stoker._seeding import seed_all
 from stoker.faults import MAX_REPLACEMENT_TRIES
+from stoker.sampling._seeding import seed_all
 
 __all__ = ["Abandoned", "BatchFetcher", "SkipBatch", "fetch_stream"]
 

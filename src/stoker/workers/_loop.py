@@ -29,12 +29,12 @@ import cloudpickle
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
-from stoker._epoch_sync import apply_changes
-from stoker._platform import thread_sched_seconds
-from stoker._seeding import WorkerSeeding
+from stoker._introspect.platform import thread_sched_seconds
+from stoker.sampling._seeding import WorkerSeeding
 from stoker.transport import SlotArena, encode, open_private_file
 from stoker.transport._namespace import MARKER
 from stoker.workers import _collate
+from stoker.workers._epoch_sync import apply_changes
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._queue import TaskQueue

@@ -28,7 +28,6 @@ import threading
 import time
 from typing import Any
 
-from stoker._spawn import serialise_payload
 from stoker.transport import (
     PoolNamespace,
     create_private_file,
@@ -36,6 +35,7 @@ from stoker.transport import (
 )
 from stoker.workers._loop import RETIRE, STOP, WorkerSpec, worker_main
 from stoker.workers._queue import TaskQueue
+from stoker.workers._spawn import serialise_payload
 from stoker.workers._status import StatusTable
 
 __all__ = ["WorkerPool", "describe_exit", "torch_killed_sentence"]
@@ -385,3 +385,11 @@ class WorkerPool:
         self.namespace.close()
         if self.spill is not None:
             self.spill.close()
+
+
+def worker_pid(proc: Any) -> int | None:
+    """A worker process's pid; None for a thread or a closed process handle."""
+    try:
+        return int(proc.pid)
+    except (ValueError, AttributeError, TypeError):
+        return None

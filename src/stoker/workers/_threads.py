@@ -24,9 +24,9 @@ from typing import Any
 
 from torch.utils.data._utils import worker as _torch_worker
 
-from stoker._epoch_sync import apply_changes
 from stoker.workers import _patches
 from stoker.workers._board import RUN_LIMIT_S, Board, OpenBatch, run_length
+from stoker.workers._epoch_sync import apply_changes
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
 from stoker.workers._loop import RETIRE, STOP, BlockedSampler, WorkerSpec

@@ -1,0 +1,97 @@
+"""How long a thread that wakes up waits for the GIL: the cost thread workers pay when the
+training loop (or the loading itself) keeps the interpreter busy.
+
+A thread that sleeps gives the GIL up and needs it back to go on. While another thread runs
+Python without pause, it gets it back only when that thread is made to drop it, after the
+interpreter's switch interval (``sys.getswitchinterval()``, 5 ms by default). A sentinel
+thread that wakes every :data:`GIL_PERIOD_S` and times how late it got going, less the time it
+spent queued for a core (schedstat's run delay, where Linux has it), measures that wait.
+Its mean, as a share of the switch interval, reads near 0 when the GIL is mostly free and near
+1 when some thread holds it all the time. Thread workers pay that wait at every return from a
+sleep, a read or a GIL-free numpy or torch call.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from stoker._introspect.platform import thread_sched_seconds
+
+__all__ = ["GIL_PERIOD_S", "READING_WAKEUPS", "GilMeter"]
+
+# Seconds between the sentinel's wake-ups (each costs a few microseconds of the GIL).
+GIL_PERIOD_S = 0.01
+# Wake-ups per reading (0.2 s at the default period).
+READING_WAKEUPS = 20
+
+
+class GilMeter:
+    """A sentinel thread measuring the wait for the GIL after a wake-up (see the module
+    docstring), one reading per :data:`READING_WAKEUPS` wake-ups. Start it with
+    :meth:`start`, read it with :meth:`readings`, end it with :meth:`close`; :meth:`disturb`
+    leaves out the readings a known disturbance (starting a process) touched."""
+
+    def __init__(self, period_s: float | None = None, wakeups: int | None = None) -> None:
+        self.period_s = GIL_PERIOD_S if period_s is None else period_s
+        self.wakeups = READING_WAKEUPS if wakeups is None else wakeups
+        self._lock = threading.Lock()
+        self._waited = 0.0
+        self._count = 0
+        self._skip = 0  # readings still to leave out
+        self._readings: list[tuple[float, float]] = []  # (when it ended, share)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="stoker-gil-meter", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        stop, period = self._stop, self.period_s
+        sched = thread_sched_seconds()
+        while True:
+            t0 = time.perf_counter()
+            if stop.wait(period):
+                return
+            now = time.perf_counter()
+            late = now - t0 - period
+            queued = 0.0
+            sched_now = thread_sched_seconds()
+            if sched_now is not None and sched is not None:
+                queued = sched_now[1] - sched[1]
+            sched = sched_now
+            with self._lock:
+                self._waited += max(0.0, late - queued)
+                self._count += 1
+                if self._count < self.wakeups:
+                    continue
+                share = min(1.0, self._waited / self._count / sys.getswitchinterval())
+                self._waited, self._count = 0.0, 0
+                if self._skip:
+                    self._skip -= 1
+                else:
+                    self._readings.append((now, share))
+
+    def disturb(self, since: float) -> None:
+        """Something that holds the GIL happened after ``since`` (a ``time.perf_counter()``
+        value) and may go on a while: the readings that ended after it, the one under way and
+        the next are left out."""
+        with self._lock:
+            self._readings = [r for r in self._readings if r[0] <= since]
+            self._waited, self._count = 0.0, 0
+            self._skip = 1
+
+    def readings(self) -> list[float]:
+        """The readings so far, oldest first: mean wait for the GIL per wake-up, as a share of
+        the switch interval (0 to 1)."""
+        with self._lock:
+            return [share for _, share in self._readings]
+
+    def close(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)

@@ -1,0 +1,222 @@
+"""backend="auto": the probe picks threads for loading that waits, the main process for
+batches cheaper than a worker hand-off and for datasets forked workers would copy, processes
+otherwise, and never hangs in its forked child (a parent that used torch's OpenMP pool once
+deadlocked it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from torch.utils.data import Dataset
+from torch.utils.data._utils.collate import default_collate
+
+from _machine import measures_the_machine
+from stoker.autotune._probe import choose_backend, choose_backend_isolated
+
+
+class Sleepy(Dataset):
+    """Waits without holding the GIL (I/O-like)."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        import time
+
+        time.sleep(0.002)
+        return i
+
+
+class PurePython(Dataset):
+    """Holds the GIL."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        return sum(range(20_000)) + i
+
+
+class GilFreeCompute(Dataset):
+    """CPU work that releases the GIL (like decoding): processes, not threads."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> object:
+        import torch
+
+        x = torch.full((256, 256), float(i))
+        return (x @ x).sum()
+
+
+class TailedNumpy(Dataset):
+    """numpy work that releases the GIL, and 1 sample in 4 waits 20 ms: a heavy tail."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> object:
+        import time
+
+        import numpy as np
+
+        if i % 4 == 0:
+            time.sleep(0.02)
+        return float(np.sin(np.arange(200_000, dtype=np.float64) + i).sum())
+
+
+class TailedPython(Dataset):
+    """About 2 ms holding the GIL, and 1 sample in 4 waits 5 ms: threads take turns."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        import time
+
+        if i % 4 == 0:
+            time.sleep(0.005)
+        return sum(range(100_000)) + i
+
+
+class Cheap(Dataset):
+    """A sample costs well under a microsecond."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Paths(Dataset):
+    """600k path strings in a list: forked workers copy the pages they read."""
+
+    def __init__(self) -> None:
+        self.paths = [f"train/n{i % 1000:08d}/image_{i:09d}.JPEG" for i in range(600_000)]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        path = self.paths[i]
+        return sum(map(ord, path[-12:]))
+
+
+@measures_the_machine
+def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
+    backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False)
+    assert backend == "thread" and "mostly waits" in why
+    for ds in (PurePython(), GilFreeCompute()):
+        backend, why = choose_backend(ds, default_collate, 4, iterable=False)
+        assert backend == "process" and "CPU work" in why, (type(ds).__name__, why)
+
+
+@measures_the_machine
+def test_a_heavy_tail_gets_threads_only_when_the_work_runs_in_parallel_in_them():
+    # The waits of a few slow samples need more workers than cores: threads, when two of
+    # them load nearly twice as fast as one; GIL-bound work needs processes all the same.
+    backend, why = choose_backend(TailedNumpy(), default_collate, 4, iterable=False)
+    assert backend == "thread" and "slow samples wait" in why, why
+    backend, why = choose_backend(TailedPython(), default_collate, 4, iterable=False)
+    assert backend == "process", why
+
+
+@measures_the_machine
+def test_batches_cheaper_than_a_hand_off_load_in_the_main_process_when_allowed():
+    backend, why = choose_backend(Cheap(), default_collate, 8, iterable=False)
+    assert backend == "inline" and "loads in" in why
+    backend, _ = choose_backend(Cheap(), default_collate, 8, iterable=False, allow_inline=False)
+    assert backend == "process"
+
+
+def test_a_dataset_forked_workers_would_copy_stays_in_the_main_process():
+    ds = Paths()
+    backend, why = choose_backend_isolated(ds, default_collate, 256, iterable=False)
+    assert backend == "inline" and "copy the dataset" in why and "stoker.compact" in why, why
+    # Explicit workers: threads share the dataset instead of copying it.
+    backend, why = choose_backend_isolated(
+        ds, default_collate, 256, iterable=False, allow_inline=False
+    )
+    assert backend == "thread" and "copy the dataset" in why, why
+    # The same strings made flat (stoker.compact): nothing to copy, so workers are fine.
+    import stoker
+
+    ds.paths = stoker.compact(ds.paths)
+    backend, why = choose_backend_isolated(ds, default_collate, 256, iterable=False)
+    assert "copy the dataset" not in why, why
+
+
+def test_iterable_datasets_get_processes_without_probing():
+    assert choose_backend_isolated(Sleepy(), None, 4, iterable=True)[0] == "process"
+
+
+def test_auto_loader_that_loads_inline_says_why_and_delivers_torchs_batches():
+    import torch
+
+    import stoker
+
+    loader = stoker.DataLoader(Cheap(), batch_size=8, num_workers="auto")
+    got = [b.tolist() for b in loader]
+    assert loader.num_workers == 0
+    stats = loader.stats()
+    assert stats.backend == "inline" and stats.notes[0].startswith("backend=inline"), stats
+    want = [b.tolist() for b in torch.utils.data.DataLoader(Cheap(), batch_size=8)]
+    assert got == want
+
+
+def test_an_auto_loader_that_loads_inline_does_not_keep_an_epochs_iterator():
+    import gc
+    import weakref
+
+    import stoker
+
+    loader = stoker.DataLoader(Cheap(), batch_size=8, num_workers="auto")
+    it = iter(loader)
+    next(it)
+    assert loader.stats().backend == "inline"
+    first = weakref.ref(it)
+    del it
+    gc.collect()
+    # Nothing holds an abandoned epoch's iterator (its batches loaded ahead, its sampler).
+    assert first() is None
+    assert len(list(loader)) == -(-len(Cheap()) // 8)
+
+
+def test_probe_child_does_not_hang_after_the_parent_used_openmp():
+    """The bench's situation: torch loaders ran here (OpenMP pool live), a thread samples
+    memory, then a loader with ``num_workers="auto"`` forks its probe child."""
+    script = textwrap.dedent(
+        """
+        import threading, time
+        import psutil, torch, stoker
+        from stoker.bench._synthetic import LargeDataset
+        from stoker._commands.step import consume
+
+        def meter():
+            while True:
+                psutil.Process().memory_full_info()
+                time.sleep(0.05)
+
+        if __name__ == "__main__":
+            ds = LargeDataset()
+            threading.Thread(target=meter, daemon=True).start()
+            for nw in (0, 2):
+                it = iter(torch.utils.data.DataLoader(ds, batch_size=64, num_workers=nw))
+                for _ in range(3):
+                    consume(next(it))
+                del it
+            loader = stoker.DataLoader(ds, batch_size=64, num_workers="auto")
+            consume(next(iter(loader)))
+            print(loader.stats().notes[0])
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("backend=")
+    assert "gave no answer" not in proc.stdout, proc.stdout  # the probe ran, it did not hang
