@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.errors import ConfigError
-from stoker.sampling._samplers import RankSampler, World, consume, partition, rank_positions
+from stoker.sampling import RankSampler, World, partition, rank_positions
+from stoker.sampling._partition import consume
 
 lengths = st.integers(min_value=0, max_value=300)
 worlds = st.integers(min_value=1, max_value=64)

@@ -17,7 +17,7 @@ from stoker.shards._reader import ShardReader, Verify
 from stoker.shards._stream import ShardStream
 
 if TYPE_CHECKING:
-    from stoker.sampling._samplers import World
+    from stoker.sampling import World
 
 __all__ = ["ShardDataset"]
 
