@@ -34,3 +34,15 @@ def consume(iterable, clock: FakeClock, computes: Sequence[float] | float) -> li
         out.append(b)
         clock.advance(computes if isinstance(computes, float) else computes[i])
     return out
+
+
+class SlowStart:
+    """An iterable whose ``iter()`` takes ``iter_s`` (workers starting), then yields as
+    :func:`producer` does."""
+
+    def __init__(self, clock: FakeClock, iter_s: float, waits: Sequence[float]) -> None:
+        self.clock, self.iter_s, self.waits = clock, iter_s, waits
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.clock.advance(self.iter_s)
+        return producer(self.clock, self.waits)

@@ -6,9 +6,10 @@ a health line with a diagnosis every ``every`` steps, and can log every step to 
 ``stoker report``) and interval scalars to TensorBoard.
 
 Modules: ``_watch`` (the iteration loop), ``_meter`` (per-step accumulators, batch sizes),
-``_detect`` (running median, stalls, sawtooth, diagnosis), ``_probe`` (loader stats, worker
-PSS/CPU, GPU), ``_sinks`` (jsonl schema, TensorBoard), ``_display`` (rich bar, plain lines),
-``_report`` and ``_report_cli`` (``stoker report``).
+``_detect`` (running median, stalls, sawtooth, diagnosis), ``_figures`` (the one definition of
+a step, start-up, wall time, throughput and the verdict, for watch and report alike),
+``_probe`` (loader stats, worker PSS/CPU, GPU), ``_sinks`` (jsonl schema, TensorBoard),
+``_display`` (rich bar, plain lines), ``_report`` and ``_report_cli`` (``stoker report``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ Definitions (every threshold is a named constant below):
   at least ``SAWTOOTH_REGULARITY`` of the gaps (within ``period // 4`` steps), and the spikes'
   waits cost at least ``SAWTOOTH_MIN_COST`` of the window's step time.
 * **verdict**: ``healthy`` below ``HEALTHY_MAX_WAIT``, ``starved`` at or above
-  ``STARVED_MIN_WAIT``, ``mild`` between.
+  ``STARVED_MIN_WAIT``, ``mild`` between; a healthy verdict comes with no action (stalls and
+  spikes are then noted, not acted on). :mod:`stoker.monitor._figures` decides which steps
+  the fraction is taken over (the steady state) and when a run is too short to judge.
 """
 
 from __future__ import annotations
@@ -325,14 +327,18 @@ def diagnose(
         if workers and sawtooth.period == workers:
             saw += " (= num_workers: workers deliver in lockstep)"
             lockstep = "raise `prefetch_factor`; stoker.DataLoader dispatches to any idle worker"
-            action = f"{action}; {lockstep}" if action else lockstep
+            if verdict != "healthy":  # healthy: no advice that would contradict it
+                action = f"{action}; {lockstep}" if action else lockstep
         extra.append(saw)
     if stalls:
         worst = max(s.wait_s for s in stalls)
         extra.append(f"{len(stalls)} stall{'s' if len(stalls) > 1 else ''} (max {worst:.2f} s)")
         if any(s.epoch_start for s in stalls) and num_workers != 0:
             persist = "keep workers between epochs (`persistent_workers=True`)"
-            action = f"{action}; {persist}" if action else persist
+            if verdict == "healthy":  # a note, not advice: the steady state is fine
+                extra[-1] += f" at a pass's start: {persist} avoids them"
+            else:
+                action = f"{action}; {persist}" if action else persist
     if loader is not None and loader.worker_restarts:
         extra.append(f"{loader.worker_restarts} worker restarts")
     if loader is not None and loader.off_shm_batches:

@@ -15,12 +15,18 @@ from typing import IO, Protocol
 
 from stoker.monitor._types import HealthReport, Verdict, WatchSummary
 
-__all__ = ["REFRESH_HZ", "Display", "make_display"]
+__all__ = ["REFRESH_HZ", "VERDICT_STYLE", "Display", "make_display"]
 
 # Most progress-bar redraws per second.
 REFRESH_HZ = 4.0
 PREFIX = "[stoker.watch]"
-_STYLE: dict[Verdict, str] = {"healthy": "green", "mild": "yellow", "starved": "bold red"}
+#: The rich style of each verdict (the display's lines, ``stoker report``'s table).
+VERDICT_STYLE: dict[Verdict, str] = {
+    "healthy": "green",
+    "mild": "yellow",
+    "starved": "bold red",
+    "short": "dim",
+}
 
 
 class Display(Protocol):
@@ -42,8 +48,8 @@ def _summary_line(summary: WatchSummary) -> str:
         if summary.samples_per_s is not None
         else f"{summary.steps / max(summary.elapsed_s, 1e-9):,.1f} steps/s"
     )
-    text = f"done: {summary.steps} steps in {summary.elapsed_s:.1f} s | {rate} | "
-    text += summary.diagnosis
+    text = f"done: {summary.steps} steps in {summary.elapsed_s:.2f} s | {rate} | "
+    text += f"{summary.verdict}: {summary.evidence} | {summary.diagnosis}"
     return text + (f" -> {summary.action}" if summary.action else "")
 
 
@@ -157,7 +163,7 @@ class RichDisplay:
 
     def health(self, report: HealthReport) -> None:
         self._progress.console.print(
-            f"{PREFIX} {report.line()}", style=_STYLE[report.verdict], markup=False
+            f"{PREFIX} {report.line()}", style=VERDICT_STYLE[report.verdict], markup=False
         )
 
     def close(self, summary: WatchSummary | None) -> None:
@@ -165,7 +171,9 @@ class RichDisplay:
         self._progress.stop()
         if summary is not None and summary.steps:
             self._progress.console.print(
-                f"{PREFIX} {_summary_line(summary)}", style=_STYLE[summary.verdict], markup=False
+                f"{PREFIX} {_summary_line(summary)}",
+                style=VERDICT_STYLE[summary.verdict],
+                markup=False,
             )
 
 

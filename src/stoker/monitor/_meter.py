@@ -141,6 +141,10 @@ class Interval:
     compute_s: float = 0.0
     samples: int = 0
     sized: bool = True
+    iter_s: float = 0.0  # iter() calls that began a pass in this interval
+    startup_steps: int = 0  # passes' first steps in this interval, and their times
+    startup_wait_s: float = 0.0
+    startup_compute_s: float = 0.0
 
 
 class Pending:
@@ -189,10 +193,22 @@ class StepMeter:
         self.pending = Pending()
         self._interval_stalls = 0
         self._epoch_start = False
+        self._pass_start = False
+        self.iter_s = 0.0
+        self.startup_steps = 0
+        self.startup_wait_s = 0.0
+        self.startup_compute_s = 0.0
 
     def start_epoch(self) -> None:
         """Mark the next step added as the first of a later pass over the loader."""
         self._epoch_start = True
+
+    def start_pass(self, iter_s: float) -> None:
+        """A pass began with an ``iter()`` that took ``iter_s``: its start-up counts it, and
+        the next step added is the pass's first (start-up, not steady state)."""
+        self._pass_start = True
+        self.iter_s += iter_s
+        self.interval.iter_s += iter_s
 
     def fold(self) -> list[StallEvent]:
         """Add the steps in :attr:`pending` (in order), then clear it.
@@ -230,6 +246,12 @@ class StepMeter:
         self.samples += samples
         iv.samples += samples
         self.recent_size.extend(known)
+        if self._pass_start:
+            self._pass_start = False
+            for acc in (self, iv):
+                acc.startup_steps += 1
+                acc.startup_wait_s += waits[0]
+                acc.startup_compute_s += computes[0]
         events = self.stalls.check_many(step0, waits, epoch_start=self._epoch_start)
         self._epoch_start = False
         self.stall_events.extend(events)

@@ -6,7 +6,6 @@ uses, so it is exact (the live summary's percentiles come from a histogram).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -16,13 +15,8 @@ import numpy as np
 
 from stoker._introspect.platform import usable_cores
 from stoker.errors import ConfigError
-from stoker.monitor._detect import (
-    StallDetector,
-    diagnose,
-    percentile,
-    scan_sawtooth,
-    wait_fraction,
-)
+from stoker.monitor._detect import StallDetector, percentile, scan_sawtooth
+from stoker.monitor._figures import Figures, judge
 from stoker.monitor._records import LogRecords, identify
 from stoker.monitor._sinks import SCHEMA, SCHEMA_VERSION
 from stoker.monitor._types import LoaderHealth, StallEvent, WatchSummary
@@ -45,6 +39,7 @@ class RunLog:
         summaries: the summary records as written.
         every: steps per health interval (from the first header).
         num_workers: from the first header.
+        iter_s: the passes' ``iter()`` calls, summed (0 in logs of earlier versions).
     """
 
     path: str
@@ -58,11 +53,117 @@ class RunLog:
     summaries: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     every: int = 100
     num_workers: int | None = None
+    iter_s: float = 0.0
 
     @property
     def steps(self) -> int:
         """Number of steps."""
         return len(self.wait)
+
+    @property
+    def pass_starts(self) -> tuple[int, ...]:
+        """The first step of each pass (the first pass's included)."""
+        return tuple(sorted({0, *(i for i in self.epoch_starts if i < self.steps)}))
+
+    def figures(self) -> Figures:
+        """The run's :class:`Figures` (the definitions the live watch uses)."""
+        first = list(self.pass_starts)
+        startup_wait = float(self.wait[first].sum())
+        startup_compute = float(self.compute[first].sum())
+        wait, compute = float(self.wait.sum()), float(self.compute.sum())
+        sized = not bool(np.isnan(self.size).any())
+        return Figures(
+            steps=self.steps,
+            samples=int(self.size.sum()) if sized else None,
+            wait_s=wait,
+            compute_s=compute,
+            startup_s=self.iter_s + startup_wait,
+            steady_steps=self.steps - len(first),
+            steady_wait_s=wait - startup_wait,
+            steady_compute_s=compute - startup_compute,
+            wall_s=self.iter_s + wait + compute,
+        )
+
+
+class _Reader:
+    """Turns a log's records into the series of a :class:`RunLog`, one record at a time."""
+
+    def __init__(self, records: LogRecords) -> None:
+        self.records = records
+        self.t: list[float] = []
+        self.wait: list[float] = []
+        self.compute: list[float] = []
+        self.size: list[float] = []
+        self.headers: list[dict[str, Any]] = []
+        self.intervals: list[dict[str, Any]] = []
+        self.summaries: list[dict[str, Any]] = []
+        self.epoch_starts: list[int] = []
+        self.iter_s = 0.0
+        self.step_base = 0  # steps before the current watch object (segment)
+        self.t_base = 0.0
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Take one record (its ``kind`` already checked to be a string)."""
+        records, kind = self.records, rec["kind"]
+        if kind == "header":
+            self._header(rec)
+        elif kind == "step":
+            self.t.append(self.t_base + records.number(rec, "t"))
+            self.wait.append(records.number(rec, "wait_s"))
+            self.compute.append(records.number(rec, "compute_s"))
+            s = records.count(rec, "size", optional=True)
+            self.size.append(float("nan") if s is None else float(s))
+        elif kind == "epoch":
+            step = records.count(rec, "step")
+            if "iter_s" in rec:  # absent in logs of earlier versions
+                self.iter_s += records.number(rec, "iter_s")
+            if step or len(self.headers) > 1:
+                self.epoch_starts.append(self.step_base + (step or 0))
+        elif kind == "interval":
+            step = records.count(rec, "step")
+            loader = records.loader(rec)
+            self.intervals.append({**rec, "step": self.step_base + (step or 0), "loader": loader})
+        elif kind == "summary":
+            self.summaries.append(rec)
+
+    def _header(self, rec: dict[str, Any]) -> None:
+        records = self.records
+        if rec.get("schema") != SCHEMA:
+            raise records.bad(
+                f"not a `stoker.watch` log (schema {rec.get('schema')!r}, expected {SCHEMA!r})"
+            )
+        version = rec.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise records.field_error("header", "version", "an int >= 1", version)
+        if version > SCHEMA_VERSION:
+            raise records.bad(
+                f"schema version {version} is newer than {SCHEMA_VERSION}, the one this "
+                "stoker reads: upgrade stoker"
+            )
+        records.count(rec, "every", minimum=1, optional=True)
+        records.count(rec, "num_workers", optional=True)
+        t, wait, compute = self.t, self.wait, self.compute
+        self.step_base = len(wait)
+        self.t_base = t[-1] + wait[-1] + compute[-1] if t else 0.0
+        self.headers.append(rec)
+
+    def run(self) -> RunLog:
+        """The :class:`RunLog` of the records taken."""
+        first = self.headers[0]
+        return RunLog(
+            path=self.records.path,
+            t=np.asarray(self.t),
+            wait=np.asarray(self.wait),
+            compute=np.asarray(self.compute),
+            size=np.asarray(self.size),
+            epoch_starts=tuple(sorted(set(self.epoch_starts))),
+            headers=tuple(self.headers),
+            intervals=tuple(self.intervals),
+            summaries=tuple(self.summaries),
+            every=int(first.get("every") or 100),
+            num_workers=first.get("num_workers"),
+            iter_s=self.iter_s,
+        )
 
 
 def load_run(path: str | os.PathLike[str]) -> RunLog:
@@ -89,16 +190,7 @@ def load_run(path: str | os.PathLike[str]) -> RunLog:
     except OSError as exc:
         raise ConfigError(f"cannot read the log {name!r}: {exc.strerror or exc}.") from exc
     records = LogRecords(name)
-    t: list[float] = []
-    wait: list[float] = []
-    compute: list[float] = []
-    size: list[float] = []
-    headers: list[dict[str, Any]] = []
-    intervals: list[dict[str, Any]] = []
-    summaries: list[dict[str, Any]] = []
-    epoch_starts: list[int] = []
-    step_base = 0  # steps before the current watch object (segment)
-    t_base = 0.0
+    reader = _Reader(records)
     with handle:
         for lineno, raw in enumerate(handle, 1):
             records.line = lineno
@@ -119,57 +211,10 @@ def load_run(path: str | os.PathLike[str]) -> RunLog:
             kind = rec.get("kind") if isinstance(rec, dict) else None
             if not isinstance(kind, str) or (lineno == 1 and kind != "header"):
                 raise _not_a_log(records, "no `kind` header record")
-            if kind == "header":
-                if rec.get("schema") != SCHEMA:
-                    raise records.bad(
-                        f"not a `stoker.watch` log (schema {rec.get('schema')!r}, expected "
-                        f"{SCHEMA!r})"
-                    )
-                version = rec.get("version")
-                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-                    raise records.field_error("header", "version", "an int >= 1", version)
-                if version > SCHEMA_VERSION:
-                    raise records.bad(
-                        f"schema version {version} is newer than {SCHEMA_VERSION}, the one this "
-                        "stoker reads: upgrade stoker"
-                    )
-                records.count(rec, "every", minimum=1, optional=True)
-                records.count(rec, "num_workers", optional=True)
-                step_base = len(wait)
-                t_base = t[-1] + wait[-1] + compute[-1] if t else 0.0
-                headers.append(rec)
-            elif kind == "step":
-                t.append(t_base + records.number(rec, "t"))
-                wait.append(records.number(rec, "wait_s"))
-                compute.append(records.number(rec, "compute_s"))
-                s = records.count(rec, "size", optional=True)
-                size.append(float("nan") if s is None else float(s))
-            elif kind == "epoch":
-                step = records.count(rec, "step")
-                if step or len(headers) > 1:
-                    epoch_starts.append(step_base + (step or 0))
-            elif kind == "interval":
-                step = records.count(rec, "step")
-                loader = records.loader(rec)
-                intervals.append({**rec, "step": step_base + (step or 0), "loader": loader})
-            elif kind == "summary":
-                summaries.append(rec)
-    if not wait:
+            reader.add(rec)
+    if not reader.wait:
         raise ConfigError(f"{name}: the log holds no steps (was the watched loop run?).")
-    first = headers[0]
-    return RunLog(
-        path=name,
-        t=np.asarray(t),
-        wait=np.asarray(wait),
-        compute=np.asarray(compute),
-        size=np.asarray(size),
-        epoch_starts=tuple(sorted(set(epoch_starts))),
-        headers=tuple(headers),
-        intervals=tuple(intervals),
-        summaries=tuple(summaries),
-        every=int(first.get("every") or 100),
-        num_workers=first.get("num_workers"),
-    )
+    return reader.run()
 
 
 def _not_a_log(records: LogRecords, why: str) -> ConfigError:
@@ -217,21 +262,12 @@ def summarize(run: RunLog, *, cores: int | None = None) -> WatchSummary:
     """
     wait = run.wait.tolist()
     compute = run.compute.tolist()
-    total_wait, total_compute = float(run.wait.sum()), float(run.compute.sum())
-    frac = wait_fraction(total_wait, total_compute)
-    # Wall time: each pass from its first request to the end of its last step.
-    bounds = [0, *run.epoch_starts, run.steps]
-    elapsed = 0.0
-    for a, b in itertools.pairwise(bounds):
-        if b > a:
-            elapsed += float(run.t[b - 1] + run.wait[b - 1] + run.compute[b - 1] - run.t[a])
-    sized = not bool(np.isnan(run.size).any())
-    samples = int(run.size.sum()) if sized else None
+    figures = run.figures()
     stalls = find_stalls(run)
     saw = scan_sawtooth(wait, compute)
     last = run.intervals[-1] if run.intervals else None
-    verdict, text, action = diagnose(
-        frac,
+    verdict = judge(
+        figures,
         loader=_loader_health(last.get("loader") if last else None),
         num_workers=run.num_workers,
         sawtooth=saw,
@@ -240,19 +276,22 @@ def summarize(run: RunLog, *, cores: int | None = None) -> WatchSummary:
     )
     return WatchSummary(
         steps=run.steps,
-        samples=samples,
-        elapsed_s=elapsed,
-        wait_s=total_wait,
-        compute_s=total_compute,
-        wait_fraction=frac,
-        samples_per_s=samples / elapsed if samples is not None and elapsed > 0 else None,
+        samples=figures.samples,
+        elapsed_s=figures.wall_s,
+        wait_s=figures.wait_s,
+        compute_s=figures.compute_s,
+        wait_fraction=figures.wait_fraction,
+        samples_per_s=figures.samples_per_s,
         median_wait_s=percentile(wait, 50),
         p95_wait_s=percentile(wait, 95),
         max_wait_s=max(wait),
         median_compute_s=percentile(compute, 50),
-        verdict=verdict,
-        diagnosis=text,
-        action=action,
+        verdict=verdict.verdict,
+        diagnosis=verdict.diagnosis,
+        action=verdict.action,
         stalls=stalls,
         sawtooth=saw,
+        startup_s=figures.startup_s,
+        steady_steps=figures.steady_steps,
+        evidence=verdict.evidence,
     )

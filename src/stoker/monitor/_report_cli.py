@@ -36,26 +36,30 @@ def _table(summary: WatchSummary, path: str) -> Table:
     from rich.table import Table
     from rich.text import Text
 
+    from stoker.monitor._display import VERDICT_STYLE
+    from stoker.monitor._figures import ms
+
     s = summary
     title = Text(f"stoker report: {path}", no_wrap=True, overflow="ignore")  # a path whole
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("value")
-    style = {"healthy": "green", "mild": "yellow", "starved": "bold red"}[s.verdict]
+    style = VERDICT_STYLE[s.verdict]
 
     def row(metric: str, *value: str | tuple[str, str]) -> None:
         table.add_row(metric, Text.assemble(*value))
 
-    row("verdict", (s.verdict, style))
-    row("steps", f"{s.steps:,}")
+    row("verdict", (s.verdict, style), f" ({s.evidence})")
+    row("steps", f"{s.steps:,} ({s.steady_steps:,} in steady state)")
     if s.samples is not None:
         row("samples", f"{s.samples:,}")
     row("wall time", f"{s.elapsed_s:,.2f} s")
+    row("start-up", f"{ms(s.startup_s)} (iter() to the first batch, summed over passes)")
     if s.samples_per_s is not None:
-        row("throughput", f"{s.samples_per_s:,.1f} samples/s")
+        row("throughput", f"{s.samples_per_s:,.0f} samples/s")
     else:
-        row("throughput", f"{s.steps / max(s.elapsed_s, 1e-9):,.2f} steps/s")
-    row("data wait", (f"{s.wait_fraction:.1%}", style), " of step time")
+        row("throughput", f"{s.steps / max(s.elapsed_s, 1e-9):,.1f} steps/s")
+    row("data wait", (f"{s.wait_fraction:.1%}", style), " of steady-state step time")
     row(
         "wait per step",
         f"median {_ms(s.median_wait_s)}, p95 {_ms(s.p95_wait_s)}, max {_ms(s.max_wait_s)}",

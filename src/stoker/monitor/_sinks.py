@@ -4,7 +4,9 @@ jsonl schema ``stoker.watch`` version 1, one JSON object per line, told apart by
 
 ``header``   once per :func:`stoker.watch` object: ``schema``, ``version``, ``started_unix``,
              ``source`` (the iterable's type), ``num_workers``, ``every``.
-``epoch``    each pass over the iterable: ``epoch`` (0-based), ``step`` (first step index).
+``epoch``    each pass over the iterable, once its ``iter()`` returned: ``epoch`` (0-based),
+             ``step`` (first step index), ``iter_s`` (the ``iter()`` call's time; absent in
+             logs of earlier stoker versions, read as 0).
 ``step``     each step: ``step``, ``t`` (seconds from the run's start to the batch request),
              ``wait_s``, ``compute_s``, ``size`` (samples, or null).
 ``stall``    each stall: the fields of :class:`stoker.monitor.StallEvent`.
@@ -85,9 +87,9 @@ class JsonlSink:
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def epoch(self, epoch: int, step: int) -> None:
-        """Mark the start of a pass over the iterable."""
-        self._write({"kind": "epoch", "epoch": epoch, "step": step})
+    def epoch(self, epoch: int, step: int, iter_s: float) -> None:
+        """Mark the start of a pass over the iterable, whose ``iter()`` took ``iter_s``."""
+        self._write({"kind": "epoch", "epoch": epoch, "step": step, "iter_s": round(iter_s, 7)})
 
     def step(self, step: int, t: float, wait_s: float, compute_s: float, size: int | None) -> None:
         """Write one step (formatted by hand: this runs every step)."""

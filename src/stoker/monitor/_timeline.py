@@ -16,6 +16,7 @@ The title states the verdict in words and colour, so the picture reads without t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -30,11 +31,12 @@ MAX_BARS = 600
 ZOOM_STEPS = 60
 WAIT_COLOR = "#d62728"
 COMPUTE_COLOR = "#1f77b4"
-_VERDICT_COLOR = {"healthy": "#2ca02c", "mild": "#e6a700", "starved": "#d62728"}
+_VERDICT_COLOR = {"healthy": "#2ca02c", "mild": "#e6a700", "starved": "#d62728", "short": "#777777"}
 _VERDICT_TEXT = {
     "healthy": "HEALTHY: the input pipeline keeps up",
     "mild": "MILDLY STARVED: training waits for data some of the time",
     "starved": "STARVED: training waits for data",
+    "short": "TOO SHORT TO JUDGE",
 }
 
 
@@ -72,33 +74,42 @@ def plot_timeline(run: RunLog, summary: WatchSummary, path: str | os.PathLike[st
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    n = run.steps
-    steps = np.arange(n)
-    wait_ms, comp_ms = run.wait * 1e3, run.compute * 1e3
-    stalls = find_stalls(run)
-    stall_idx = np.array([s.step for s in stalls], dtype=int)
-
     fig, axes = plt.subplots(
         4, 1, figsize=(12, 9.5), gridspec_kw={"height_ratios": [3, 2.2, 1.5, 1.5]}
     )
     ax_all, ax_zoom, ax_frac, ax_rate = axes
-    color = _VERDICT_COLOR[summary.verdict]
     fig.suptitle(
-        f"{_VERDICT_TEXT[summary.verdict]}  ({summary.wait_fraction:.0%} of step time)",
-        color=color,
-        fontsize=15,
+        f"{_VERDICT_TEXT[summary.verdict]}  ({summary.evidence})",
+        color=_VERDICT_COLOR[summary.verdict],
+        fontsize=13,
         fontweight="bold",
         x=0.01,
         ha="left",
     )
     subtitle = summary.diagnosis + (f" -> {summary.action}" if summary.action else "")
     fig.text(0.01, 0.945, subtitle, fontsize=9.5, color="#333333", ha="left", wrap=True)
+    stall_idx = np.array([s.step for s in find_stalls(run)], dtype=int)
+    _full_run(ax_all, run, stall_idx)
+    _zoom(ax_zoom, run, summary, stall_idx)
+    window = max(8, min(run.every, run.steps // 20))
+    _wait_share(ax_frac, run, window)
+    _throughput(ax_rate, run, window)
+    for ax in axes:
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(os.fspath(path), dpi=110)
+    plt.close(fig)
 
-    # 1. full run
+
+def _full_run(ax: Any, run: RunLog, stall_idx: np.ndarray) -> None:
+    """Panel 1: every step (binned past ``MAX_BARS``), epoch starts and stalls."""
+    n = run.steps
+    steps = np.arange(n)
+    wait_ms, comp_ms = run.wait * 1e3, run.compute * 1e3
     top = np.percentile(wait_ms + comp_ms, 99.5) * 1.35 if n else 1.0
     if n <= MAX_BARS:
-        ax_all.bar(steps, wait_ms, width=1.0, color=WAIT_COLOR, label="data wait", lw=0)
-        ax_all.bar(
+        ax.bar(steps, wait_ms, width=1.0, color=WAIT_COLOR, label="data wait", lw=0)
+        ax.bar(
             steps, comp_ms, width=1.0, bottom=wait_ms, color=COMPUTE_COLOR, label="compute", lw=0
         )
     else:
@@ -108,84 +119,88 @@ def plot_timeline(run: RunLog, summary: WatchSummary, path: str | os.PathLike[st
         w_mean = wait_ms[:m].reshape(-1, bins).mean(axis=1)
         c_mean = comp_ms[:m].reshape(-1, bins).mean(axis=1)
         w_max = wait_ms[:m].reshape(-1, bins).max(axis=1)
-        ax_all.fill_between(centre, 0, w_mean, color=WAIT_COLOR, label="data wait (mean)", lw=0)
-        ax_all.fill_between(
+        ax.fill_between(centre, 0, w_mean, color=WAIT_COLOR, label="data wait (mean)", lw=0)
+        ax.fill_between(
             centre, w_mean, w_mean + c_mean, color=COMPUTE_COLOR, label="compute (mean)", lw=0
         )
-        ax_all.plot(centre, w_max, color=WAIT_COLOR, lw=0.6, alpha=0.7, label="worst wait in bin")
+        ax.plot(centre, w_max, color=WAIT_COLOR, lw=0.6, alpha=0.7, label="worst wait in bin")
         top = max(top, float(np.percentile(w_max + c_mean, 99)) * 1.2)
     for e in run.epoch_starts:
-        ax_all.axvline(e - 0.5, color="#555555", ls="--", lw=1)
+        ax.axvline(e - 0.5, color="#555555", ls="--", lw=1)
     if len(stall_idx):
         tops = np.minimum(wait_ms[stall_idx] + comp_ms[stall_idx], top * 0.97)
-        ax_all.scatter(
+        ax.scatter(
             stall_idx, tops, marker="v", s=60, color="black", zorder=5,
             label=f"stall ({len(stall_idx)})",
         )  # fmt: skip
-    ax_all.set_ylim(0, top)
-    ax_all.set_xlim(-0.5, n - 0.5)
-    ax_all.set_ylabel("ms per step")
-    ax_all.set_title("every step: data wait (red) + compute (blue)", loc="left", fontsize=10)
-    ax_all.legend(loc="upper right", fontsize=8, ncol=4)
+    ax.set_ylim(0, top)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylabel("ms per step")
+    ax.set_title("every step: data wait (red) + compute (blue)", loc="left", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8, ncol=4)
 
-    # 2. zoom
+
+def _zoom(ax: Any, run: RunLog, summary: WatchSummary, stall_idx: np.ndarray) -> None:
+    """Panel 2: ``ZOOM_STEPS`` consecutive steps around the sawtooth or the worst stall."""
+    wait_ms, comp_ms = run.wait * 1e3, run.compute * 1e3
     z0 = _zoom_start(run, summary)
-    z1 = min(n, z0 + ZOOM_STEPS)
-    zs = steps[z0:z1]
-    ax_zoom.bar(zs, wait_ms[z0:z1], width=0.85, color=WAIT_COLOR, label="data wait")
-    ax_zoom.bar(
+    z1 = min(run.steps, z0 + ZOOM_STEPS)
+    zs = np.arange(z0, z1)
+    ax.bar(zs, wait_ms[z0:z1], width=0.85, color=WAIT_COLOR, label="data wait")
+    ax.bar(
         zs, comp_ms[z0:z1], width=0.85, bottom=wait_ms[z0:z1], color=COMPUTE_COLOR, label="compute"
     )
-    ax_zoom.axhline(float(np.median(comp_ms)), color=COMPUTE_COLOR, ls=":", lw=1)
+    ax.axhline(float(np.median(comp_ms)), color=COMPUTE_COLOR, ls=":", lw=1)
     in_zoom = stall_idx[(stall_idx >= z0) & (stall_idx < z1)]
     z_tot = wait_ms[z0:z1] + comp_ms[z0:z1]
     calm = np.delete(z_tot, in_zoom - z0) if len(in_zoom) < len(z_tot) else z_tot
     z_top = float(np.max(calm)) * 1.3 if len(calm) else 1.0
     for i in in_zoom:  # stalls stay visible but do not flatten the other bars
-        ax_zoom.scatter([i], [min(z_tot[i - z0], z_top * 0.95)], marker="v", s=60, color="black")
-        ax_zoom.annotate(
+        ax.scatter([i], [min(z_tot[i - z0], z_top * 0.95)], marker="v", s=60, color="black")
+        ax.annotate(
             f"stall {wait_ms[i]:.0f} ms", (i, z_top * 0.95), xytext=(6, -4),
             textcoords="offset points", fontsize=8,
         )  # fmt: skip
-    ax_zoom.set_ylim(0, z_top)
+    ax.set_ylim(0, z_top)
     what = f"zoom on steps {z0}-{z1 - 1}"
     if summary.sawtooth is not None:
         what += f": wait spikes every {summary.sawtooth.period} steps (sawtooth)"
-    ax_zoom.set_title(what, loc="left", fontsize=10)
-    ax_zoom.set_ylabel("ms per step")
-    ax_zoom.set_xlim(z0 - 0.6, z1 - 0.4)
+    ax.set_title(what, loc="left", fontsize=10)
+    ax.set_ylabel("ms per step")
+    ax.set_xlim(z0 - 0.6, z1 - 0.4)
 
-    # 3. data-wait share, rolling
-    window = max(8, min(run.every, n // 20))
+
+def _wait_share(ax: Any, run: RunLog, window: int) -> None:
+    """Panel 3: the data-wait share of step time, rolling, over the verdict's bands."""
+    steps = np.arange(run.steps)
     w_roll = _rolling_sum(run.wait, window)
     s_roll = w_roll + _rolling_sum(run.compute, window)
     frac = np.divide(w_roll, s_roll, out=np.zeros_like(w_roll), where=s_roll > 0) * 100
-    ax_frac.axhspan(0, HEALTHY_MAX_WAIT * 100, color="#2ca02c", alpha=0.12, lw=0)
-    ax_frac.axhspan(HEALTHY_MAX_WAIT * 100, STARVED_MIN_WAIT * 100, color="#e6a700", alpha=0.12)
-    ax_frac.axhspan(STARVED_MIN_WAIT * 100, 100, color="#d62728", alpha=0.10, lw=0)
-    ax_frac.fill_between(steps, 0, frac, color=WAIT_COLOR, alpha=0.35, lw=0)
-    ax_frac.plot(steps, frac, color=WAIT_COLOR, lw=1.2)
-    ax_frac.set_ylim(0, 100)
-    ax_frac.set_xlim(-0.5, n - 0.5)
-    ax_frac.set_ylabel("data wait %")
-    ax_frac.set_title(
+    ax.axhspan(0, HEALTHY_MAX_WAIT * 100, color="#2ca02c", alpha=0.12, lw=0)
+    ax.axhspan(HEALTHY_MAX_WAIT * 100, STARVED_MIN_WAIT * 100, color="#e6a700", alpha=0.12)
+    ax.axhspan(STARVED_MIN_WAIT * 100, 100, color="#d62728", alpha=0.10, lw=0)
+    ax.fill_between(steps, 0, frac, color=WAIT_COLOR, alpha=0.35, lw=0)
+    ax.plot(steps, frac, color=WAIT_COLOR, lw=1.2)
+    ax.set_ylim(0, 100)
+    ax.set_xlim(-0.5, run.steps - 0.5)
+    ax.set_ylabel("data wait %")
+    ax.set_title(
         f"share of step time spent waiting for data (last {window} steps)", loc="left", fontsize=10
     )
 
-    # 4. throughput, rolling
+
+def _throughput(ax: Any, run: RunLog, window: int) -> None:
+    """Panel 4: samples/s (or steps/s without batch sizes), rolling."""
+    n = run.steps
+    steps = np.arange(n)
+    s_roll = _rolling_sum(run.wait, window) + _rolling_sum(run.compute, window)
     sized = not bool(np.isnan(run.size).any())
     per = run.size if sized else np.ones(n)
     rate = np.divide(_rolling_sum(per, window), s_roll, out=np.zeros_like(s_roll), where=s_roll > 0)
-    ax_rate.plot(steps, rate, color=COMPUTE_COLOR, lw=1.2)
-    ax_rate.fill_between(steps, 0, rate, color=COMPUTE_COLOR, alpha=0.15, lw=0)
-    ax_rate.set_ylim(0, float(np.percentile(rate, 99.5)) * 1.25 if n else 1)
-    ax_rate.set_xlim(-0.5, n - 0.5)
-    ax_rate.set_ylabel("samples/s" if sized else "steps/s")
-    ax_rate.set_xlabel("step")
-    ax_rate.set_title(f"throughput (last {window} steps)", loc="left", fontsize=10)
-
-    for ax in axes:
-        ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
-    fig.savefig(os.fspath(path), dpi=110)
-    plt.close(fig)
+    ax.plot(steps, rate, color=COMPUTE_COLOR, lw=1.2)
+    ax.fill_between(steps, 0, rate, color=COMPUTE_COLOR, alpha=0.15, lw=0)
+    ax.set_ylim(0, float(np.percentile(rate, 99.5)) * 1.25 if n else 1)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylabel("samples/s" if sized else "steps/s")
+    ax.set_xlabel("step")
+    ax.set_title(f"throughput (last {window} steps)", loc="left", fontsize=10)

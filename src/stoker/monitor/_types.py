@@ -8,7 +8,9 @@ Step timing model (the same in :func:`stoker.watch`, the jsonl log and ``stoker 
 
 ``wait_i`` is the time the training loop spent blocked in ``next()``; ``compute_i`` is the time
 between the yield of batch ``i`` and the request for batch ``i + 1``; the starvation ratio (the
-*data-wait fraction*) is ``sum(wait) / sum(wait + compute)`` over a span of steps.
+*data-wait fraction*) is ``sum(wait) / sum(wait + compute)`` over the steady-state steps of a
+span (all but each pass's first). Start-up, wall time and throughput are defined once, in
+:mod:`stoker.monitor._figures`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Literal
 
 __all__ = ["HealthReport", "LoaderHealth", "Sawtooth", "StallEvent", "Verdict", "WatchSummary"]
 
-Verdict = Literal["healthy", "mild", "starved"]
+Verdict = Literal["healthy", "mild", "starved", "short"]
 BusySource = Literal["stats", "cpu"]
 
 
@@ -131,15 +133,18 @@ class HealthReport:
         steps: steps in the interval.
         samples: samples in the interval, or ``None`` when batch sizes are unknown.
         wait_s: total data wait in the interval; ``compute_s``: total compute.
-        wait_fraction: ``wait_s / (wait_s + compute_s)`` (0 when both are 0).
+        wait_fraction: the data-wait fraction of the interval's steady-state steps.
         samples_per_s: samples over the interval's wall time (``None`` without sizes).
         steps_per_s: steps over the interval's wall time.
         stalls: stall events in the interval.
         sawtooth: periodic wait spikes over the recent window, if any.
-        verdict: ``"healthy"``, ``"mild"`` or ``"starved"``.
+        verdict: ``"healthy"``, ``"mild"``, ``"starved"``, or ``"short"`` (an interval of
+            nothing but a pass's first step).
         diagnosis: what is happening, e.g. ``"data-wait 41% of step time: workers 100% busy"``.
         action: what to do about it, e.g. ``"more workers or a cheaper transform"``.
         loader: loader internals at the end of the interval, when the loader can tell.
+        evidence: what the verdict rests on (see :meth:`Figures.evidence
+            <stoker.monitor._figures.Figures.evidence>`).
     """
 
     step: int
@@ -157,6 +162,7 @@ class HealthReport:
     stalls: tuple[StallEvent, ...] = ()
     sawtooth: Sawtooth | None = None
     loader: LoaderHealth | None = None
+    evidence: str = ""
 
     def __post_init__(self) -> None:
         _check_fraction("wait_fraction", self.wait_fraction)
@@ -173,6 +179,8 @@ class HealthReport:
             else f"{self.steps_per_s:,.1f} steps/s"
         )
         text = f"step {self.step} | {rate} | {self.diagnosis}"
+        if self.verdict == "short":
+            text += f" ({self.evidence})"
         if self.action:
             text += f" -> {self.action}"
         return text
@@ -184,15 +192,20 @@ class WatchSummary:
 
     Attributes:
         steps: steps completed; ``samples``: samples seen (``None`` when sizes are unknown).
-        elapsed_s: wall time of the run.
-        wait_s: total data wait; ``compute_s``: total compute.
-        wait_fraction: the run's starvation ratio ``wait_s / (wait_s + compute_s)``.
+        elapsed_s: wall time of the run (each pass from ``iter()`` to its last step's end).
+        wait_s: total data wait; ``compute_s``: total compute (every step).
+        wait_fraction: the steady state's starvation ratio (each pass's first step left out).
         samples_per_s: samples over ``elapsed_s`` (``None`` without sizes).
+        startup_s: the passes' start-ups (``iter()`` to the first batch), summed.
+        steady_steps: the steps the verdict is judged on.
+        evidence: what the verdict rests on, e.g. ``steady state: waits 0.30 ms of 2.3 ms per
+            step (13%); start-up 26 ms``.
         median_wait_s, p95_wait_s, max_wait_s: distribution of per-step waits.
         median_compute_s: median per-step compute.
         stalls: every stall event of the run.
         sawtooth: periodic wait spikes over the whole run, if any.
-        verdict, diagnosis, action: as in :class:`HealthReport`, for the whole run.
+        verdict, diagnosis, action: as in :class:`HealthReport`, for the whole run
+            (``"short"``: fewer steady-state steps than a verdict needs).
         overhead_s: time the watch itself spent per step between handing over a batch and
             asking for the next (its bookkeeping: its cost to the run), summed over finished
             passes.
@@ -215,6 +228,9 @@ class WatchSummary:
     stalls: tuple[StallEvent, ...] = field(default_factory=tuple)
     sawtooth: Sawtooth | None = None
     overhead_s: float = 0.0
+    startup_s: float = 0.0
+    steady_steps: int = 0
+    evidence: str = ""
 
     def __post_init__(self) -> None:
         _check_fraction("wait_fraction", self.wait_fraction)

@@ -12,8 +12,9 @@ from typing import IO, Any, Generic, TypeVar
 
 from stoker._introspect.platform import usable_cores
 from stoker.errors import ConfigError
-from stoker.monitor._detect import diagnose, find_sawtooth, wait_fraction
-from stoker.monitor._display import REFRESH_HZ, make_display
+from stoker.monitor._detect import find_sawtooth
+from stoker.monitor._display import REFRESH_HZ, Display, make_display
+from stoker.monitor._figures import Figures, Judgement, judge
 from stoker.monitor._meter import StepMeter, batch_size
 from stoker.monitor._probe import LoaderProbe
 from stoker.monitor._sinks import JsonlSink, TensorBoardSink
@@ -89,11 +90,9 @@ class Watch(Generic[T]):
         self._cores = usable_cores()
         self._epoch = -1
         self._t0: float | None = None
-        self._active_s = 0.0
         self._own_s = 0.0
         self._health: LoaderHealth | None = None
         self._header_written = False
-        self._pass_start = 0.0
         self._sink: JsonlSink | None = None  # the log of the pass under way
         self.reports: list[HealthReport] = []
         if log is not None:  # open now so that a bad path fails before training starts
@@ -110,36 +109,31 @@ class Watch(Generic[T]):
         """The run so far, for all passes: totals, starvation ratio, stalls and verdict."""
         self._fold()
         m = self._meter
-        frac = wait_fraction(m.wait_s, m.compute_s)
+        figures = Figures.of(m)
         saw = find_sawtooth(list(m.recent_wait), list(m.recent_compute))
         stalls = tuple(m.stall_events)
-        verdict, text, action = diagnose(
-            frac,
-            loader=self._health,
-            num_workers=self._probe.num_workers,
-            sawtooth=saw,
-            stalls=stalls,
-            cores=self._cores,
-        )
-        active = self._active_s
+        verdict = self._judge(figures, saw, stalls)
         return WatchSummary(
             steps=m.steps,
-            samples=m.samples if m.sized else None,
-            elapsed_s=active,
+            samples=figures.samples,
+            elapsed_s=figures.wall_s,
             wait_s=m.wait_s,
             compute_s=m.compute_s,
-            wait_fraction=frac,
-            samples_per_s=m.samples / active if m.sized and active > 0 else None,
+            wait_fraction=figures.wait_fraction,
+            samples_per_s=figures.samples_per_s,
             median_wait_s=m.wait_hist.quantile(0.5),
             p95_wait_s=m.wait_hist.quantile(0.95),
             max_wait_s=m.max_wait_s,
             median_compute_s=m.compute_hist.quantile(0.5),
-            verdict=verdict,
-            diagnosis=text,
-            action=action,
+            verdict=verdict.verdict,
+            diagnosis=verdict.diagnosis,
+            action=verdict.action,
             stalls=stalls,
             sawtooth=saw,
             overhead_s=self._own_s,
+            startup_s=figures.startup_s,
+            steady_steps=figures.steady_steps,
+            evidence=verdict.evidence,
         )
 
     def __iter__(self) -> Iterator[T]:
@@ -159,47 +153,58 @@ class Watch(Generic[T]):
         assert self._log is not None
         return JsonlSink(self._log, header)
 
-    def _interval(
-        self, now: float, sink: JsonlSink | None, tb: TensorBoardSink | None = None
-    ) -> HealthReport:
-        m = self._meter
-        iv, stalls = m.take_interval(now)
-        wall = now - iv.start_time
-        frac = wait_fraction(iv.wait_s, iv.compute_s)
-        saw = find_sawtooth(list(m.recent_wait), list(m.recent_compute))
-        if self._probe.enabled and (self._probe.due(now) or self._health is None):
-            health, before = self._probe.sample(now), self._health
-            if health is not None and health.busy_fraction is None and before is not None:
-                # workers already gone (end of a pass): keep the last busy fraction seen
-                health = dataclasses.replace(
-                    health, busy_fraction=before.busy_fraction, busy_source=before.busy_source
-                )
-            self._health = health
-        verdict, text, action = diagnose(
-            frac,
+    def _judge(
+        self, figures: Figures, saw: Any, stalls: tuple[Any, ...], min_steps: int | None = None
+    ) -> Judgement:
+        extra = {} if min_steps is None else {"min_steps": min_steps}
+        return judge(
+            figures,
             loader=self._health,
             num_workers=self._probe.num_workers,
             sawtooth=saw,
             stalls=stalls,
             cores=self._cores,
+            **extra,
         )
-        assert self._t0 is not None
+
+    def _sample_loader(self, now: float) -> None:
+        """Read the loader's health when due (keeping the last busy fraction once the
+        workers are gone, at the end of a pass)."""
+        if self._probe.enabled and (self._probe.due(now) or self._health is None):
+            health, before = self._probe.sample(now), self._health
+            if health is not None and health.busy_fraction is None and before is not None:
+                health = dataclasses.replace(
+                    health, busy_fraction=before.busy_fraction, busy_source=before.busy_source
+                )
+            self._health = health
+
+    def _interval(
+        self, now: float, sink: JsonlSink | None, tb: TensorBoardSink | None = None
+    ) -> HealthReport:
+        m = self._meter
+        iv, stalls = m.take_interval(now)
+        figures = Figures.of(iv)
+        saw = find_sawtooth(list(m.recent_wait), list(m.recent_compute))
+        self._sample_loader(now)
+        # An interval is judged on whatever steady steps it has (a run needs more: summary()).
+        verdict = self._judge(figures, saw, stalls, min_steps=1)
         report = HealthReport(
             step=m.steps,
-            elapsed_s=self._active_s + (now - self._pass_start),
+            elapsed_s=Figures.of(m).wall_s,
             steps=iv.steps,
-            samples=iv.samples if iv.sized else None,
+            samples=figures.samples,
             wait_s=iv.wait_s,
             compute_s=iv.compute_s,
-            wait_fraction=frac,
-            samples_per_s=iv.samples / wall if iv.sized and wall > 0 else None,
-            steps_per_s=iv.steps / wall if wall > 0 else 0.0,
-            verdict=verdict,
-            diagnosis=text,
-            action=action,
+            wait_fraction=figures.wait_fraction,
+            samples_per_s=figures.samples_per_s,
+            steps_per_s=figures.steps_per_s,
+            verdict=verdict.verdict,
+            diagnosis=verdict.diagnosis,
+            action=verdict.action,
             stalls=stalls,
             sawtooth=saw,
             loader=self._health,
+            evidence=verdict.evidence,
         )
         self.reports.append(report)
         if sink is not None:
@@ -226,8 +231,11 @@ class Watch(Generic[T]):
             for event in events:
                 sink.stall(event)
 
-    def _run(self) -> Iterator[T]:
-        clock, meter, every, size_of = self._clock, self._meter, self.every, self._size
+    def _begin_pass(
+        self,
+    ) -> tuple[Iterator[T], Display, JsonlSink | None, TensorBoardSink | None]:
+        """Start a pass: display, log, TensorBoard writer, and ``iter()``, timed."""
+        meter = self._meter
         self._epoch += 1
         if self._epoch > 0:
             meter.start_epoch()
@@ -240,20 +248,33 @@ class Watch(Generic[T]):
         sink = self._open_log() if self._log is not None else None
         # One writer (one event file) per pass, closed with it: no writer thread outlives it.
         tb = TensorBoardSink(self._tensorboard) if self._tensorboard is not None else None
-        start = clock()
+        start = self._clock()
         if self._t0 is None:
             self._t0 = start
-        self._sink = sink
-        self._pass_start = start
+        try:
+            it = iter(self.source)
+        except BaseException:
+            for part in (sink, tb):
+                if part is not None:
+                    part.close()
+            display.close(None)
+            raise
+        iter_s = self._clock() - start
+        meter.start_pass(iter_s)
         meter.interval.start_time = start
+        self._sink = sink
         if sink is not None:
-            sink.epoch(self._epoch, meter.steps)
-        it = iter(self.source)
+            sink.epoch(self._epoch, meter.steps, iter_s)
         self._probe.attach(it)
+        return it, display, sink, tb
+
+    def _run(self) -> Iterator[T]:
+        it, display, sink, tb = self._begin_pass()
+        clock, meter, every, size_of = self._clock, self._meter, self.every, self._size
         period = 1.0 / REFRESH_HZ
-        next_refresh = start + period
-        pending = False
-        t_req = t_got = start
+        t_req = t_got = clock()
+        next_refresh = t_req + period
+        holding = False  # the loop holds a batch (not yet recorded as a step)
         size: int | None = None
         own = 0.0  # this pass's bookkeeping time (the watch's own cost)
         # Each step is only appended to meter.pending; it is folded into the meter when the
@@ -263,7 +284,6 @@ class Watch(Generic[T]):
         push_compute, push_size = record.compute.append, record.size.append
         due = every - meter.interval.steps
         try:
-            t_req = clock()
             while True:
                 try:
                     batch = next(it)
@@ -271,7 +291,7 @@ class Watch(Generic[T]):
                     break
                 t_got = clock()
                 size = size_of(batch)
-                pending = True
+                holding = True
                 t_yield = clock()
                 yield batch
                 # Drop the batch before the clock: when the caller holds no other reference,
@@ -279,7 +299,7 @@ class Watch(Generic[T]):
                 # as it is when the caller's loop variable lets go of it after next().
                 batch = None  # type: ignore[assignment]  # do not keep the batch alive
                 t_done = clock()
-                pending = False
+                holding = False
                 push_start(t_req)
                 push_wait(t_got - t_req)
                 push_compute(t_done - t_yield)
@@ -292,10 +312,7 @@ class Watch(Generic[T]):
                         display.health(self._interval(t_done, sink, tb))
                     due = every - meter.interval.steps
                     if t_done >= next_refresh:
-                        wait_frac, rate = meter.recent_rates()
-                        n = len(meter.recent_wait)
-                        total = sum(meter.recent_wait) + sum(meter.recent_compute)
-                        display.refresh(meter.steps, rate, wait_frac, n / total if total else 0.0)
+                        self._refresh(display)
                         next_refresh = t_done + period
                 t_req = clock()
                 own += t_req - t_done
@@ -303,30 +320,47 @@ class Watch(Generic[T]):
             # Collected at interpreter exit (never finished): modules are going away, so
             # nothing is summarised or written.
             if not sys.is_finalizing():
-                now = clock()
-                self._fold()
-                if pending:  # the loop stopped (break, exception) while holding the last batch
+                if holding:  # the loop stopped (break, exception) while holding a batch
+                    now = clock()
+                    self._fold()
                     push_start(t_req)
                     push_wait(t_got - t_req)
                     push_compute(now - t_got)
                     push_size(size)
-                    self._fold()
-                if meter.interval.steps:
-                    self._interval(now, sink, tb)
-                self._probe.close()
-                self._active_s += now - start
-                self._own_s += own
-                self._sink = None
-                summary = self.summary()
-                try:
-                    if sink is not None:
-                        sink.summary(summary)
-                finally:
-                    if sink is not None:
-                        sink.close()
-                    if tb is not None:
-                        tb.close()
-                    display.close(summary)
+                self._end_pass(clock(), own, display, sink, tb)
+
+    def _refresh(self, display: Display) -> None:
+        meter = self._meter
+        wait_frac, rate = meter.recent_rates()
+        n = len(meter.recent_wait)
+        total = sum(meter.recent_wait) + sum(meter.recent_compute)
+        display.refresh(meter.steps, rate, wait_frac, n / total if total else 0.0)
+
+    def _end_pass(
+        self,
+        now: float,
+        own: float,
+        display: Display,
+        sink: JsonlSink | None,
+        tb: TensorBoardSink | None,
+    ) -> None:
+        """Fold the pass's last steps, close its interval, log and show its summary."""
+        self._fold()
+        if self._meter.interval.steps:
+            self._interval(now, sink, tb)
+        self._probe.close()
+        self._own_s += own
+        self._sink = None
+        summary = self.summary()
+        try:
+            if sink is not None:
+                sink.summary(summary)
+        finally:
+            if sink is not None:
+                sink.close()
+            if tb is not None:
+                tb.close()
+            display.close(summary)
 
 
 def watch(
