@@ -214,25 +214,24 @@ def _assigned_names(parents: dict[ast.AST, ast.AST], node: ast.AST) -> set[str]:
     return names
 
 
-def parse_script(path: str | Path) -> Script:
-    """Parse a script into a :class:`Script` model.
-
-    Raises:
-        OSError: if the file cannot be read.
-        SyntaxError: if it is not valid Python.
-    """
-    path = Path(path)
+def _read_source(path: Path) -> str:
     try:
         with tokenize.open(path) as f:  # the encoding its coding line declares (PEP 263)
-            source = f.read()
+            return f.read()
     except UnicodeDecodeError as exc:
         raise SyntaxError(f"{path} is not Python source text ({exc})") from exc
-    tree = ast.parse(source, filename=str(path))
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
     parents: dict[ast.AST, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
+    return parents
 
+
+def _imports(tree: ast.AST) -> tuple[dict[str, str], set[str]]:
+    """Local names of ``from`` imports -> imported names, and the local names bound to stoker."""
     aliases: dict[str, str] = {}
     stoker_names: set[str] = set()
     for node in ast.walk(tree):
@@ -246,7 +245,13 @@ def parse_script(path: str | Path) -> Script:
             for alias in node.names:
                 if alias.name.split(".")[0] == "stoker":
                     stoker_names.add(alias.asname or alias.name)
+    return aliases, stoker_names
 
+
+def _assignments(
+    tree: ast.AST, parents: dict[ast.AST, ast.AST]
+) -> tuple[dict[str, object], set[str]]:
+    """Module-level constants by name, and the names lambdas are assigned to anywhere."""
     constants: dict[str, object] = {}
     lambda_names: set[str] = set()
     for node in ast.walk(tree):
@@ -257,7 +262,13 @@ def parse_script(path: str | Path) -> Script:
                     constants[target.id] = node.value.value
                 if isinstance(node.value, ast.Lambda):
                     lambda_names.add(target.id)
+    return constants, lambda_names
 
+
+def _functions(
+    tree: ast.AST, parents: dict[ast.AST, ast.AST]
+) -> tuple[dict[str, ast.FunctionDef | ast.AsyncFunctionDef], set[str]]:
+    """Functions by name (the first definition), and the names of those defined in another."""
     functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
     nested: set[str] = set()
     for node in ast.walk(tree):
@@ -270,7 +281,12 @@ def parse_script(path: str | Path) -> Script:
                 parent = parents.get(parent)
             if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 nested.add(node.name)
+    return functions, nested
 
+
+def _start_method(tree: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
+    """The start method the script names last (``set_start_method``, ``get_context`` or a
+    loader's ``multiprocessing_context=``), or None."""
     start_method = None
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and node.value in ("spawn", "forkserver", "fork"):
@@ -282,7 +298,40 @@ def parse_script(path: str | Path) -> Script:
             )
             if is_ctx_kw or is_ctx_call:
                 start_method = str(node.value)
+    return start_method
 
+
+def _loader_call(script: Script, node: ast.Call) -> LoaderCall:
+    args = {kw.arg: kw.value for kw in node.keywords if kw.arg is not None}
+    for name, value in zip(LOADER_POSITIONAL, node.args, strict=False):
+        args.setdefault(name, value)
+    func = node.func
+    root = func.value if isinstance(func, ast.Attribute) else func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return LoaderCall(
+        node=node,
+        args=args,
+        place=script.place(node),
+        names=_assigned_names(script.parents, node),
+        from_stoker=isinstance(root, ast.Name) and root.id in script.stoker_names,
+    )
+
+
+def parse_script(path: str | Path) -> Script:
+    """Parse a script into a :class:`Script` model.
+
+    Raises:
+        OSError: if the file cannot be read.
+        SyntaxError: if it is not valid Python.
+    """
+    path = Path(path)
+    source = _read_source(path)
+    tree = ast.parse(source, filename=str(path))
+    parents = _parents(tree)
+    aliases, stoker_names = _imports(tree)
+    constants, lambda_names = _assignments(tree, parents)
+    functions, nested = _functions(tree, parents)
     script = Script(
         path=path,
         source=source,
@@ -295,24 +344,7 @@ def parse_script(path: str | Path) -> Script:
         nested_functions=nested,
         lambda_names=lambda_names,
         loaders=[],
-        start_method=start_method,
+        start_method=_start_method(tree, parents),
     )
-    for node in script.calls("DataLoader"):
-        args = {kw.arg: kw.value for kw in node.keywords if kw.arg is not None}
-        for name, value in zip(LOADER_POSITIONAL, node.args, strict=False):
-            args.setdefault(name, value)
-        func = node.func
-        root = func.value if isinstance(func, ast.Attribute) else func
-        while isinstance(root, ast.Attribute):
-            root = root.value
-        from_stoker = isinstance(root, ast.Name) and root.id in stoker_names
-        script.loaders.append(
-            LoaderCall(
-                node=node,
-                args=args,
-                place=script.place(node),
-                names=_assigned_names(parents, node),
-                from_stoker=from_stoker,
-            )
-        )
+    script.loaders.extend(_loader_call(script, node) for node in script.calls("DataLoader"))
     return script
