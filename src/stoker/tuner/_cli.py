@@ -1,4 +1,8 @@
-"""``stoker tune module:factory -b BATCH``: search a fast configuration, write stoker.toml."""
+"""``stoker tune module:factory -b BATCH``: search a fast configuration, write stoker.toml.
+
+:func:`run` imports what it uses (torch, rich, the tuner) when it runs, so that ``stoker
+--help`` and the other commands start without them.
+"""
 
 from __future__ import annotations
 

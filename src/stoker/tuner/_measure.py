@@ -25,8 +25,10 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
+from stoker._commands.step import consume
 from stoker._introspect.platform import usable_cores
 from stoker.autotune._controller import BLOCKED_MIN_SPANS, Decision, Observation, workers_to_fill
+from stoker.loader._loader import DataLoader
 
 __all__ = ["WARMUP_BATCHES", "WorkerSession", "measure"]
 
@@ -47,8 +49,6 @@ def _sampler(dataset: Any, seed: int) -> tud.Sampler[int]:
 
 
 def _loader(dataset: Any, batch_size: int, cand: Any, seed: int) -> Any:
-    from stoker.loader._loader import DataLoader
-
     sampler = _sampler(dataset, seed)
     if cand is None:  # torch's defaults
         return tud.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
@@ -70,8 +70,6 @@ def _loader(dataset: Any, batch_size: int, cand: Any, seed: int) -> Any:
 def _timed(it: Any, seconds: float, min_batches: int) -> float:
     """Samples per second from now (just after a delivery) to the last delivery once
     ``seconds`` passed and at least ``min_batches`` arrived."""
-    from stoker._commands.step import consume
-
     samples = batches = 0
     t0 = now = time.perf_counter()
     while now - t0 < seconds or batches < min_batches:
@@ -92,8 +90,6 @@ def _close(loader: Any, it: Any) -> None:
 def measure(dataset: Any, batch_size: int, cand: Any, seconds: float) -> float:
     """Samples per second of one configuration in a fresh loader, over ``seconds`` (after
     each worker delivered a batch and :data:`WARMUP_BATCHES` more)."""
-    from stoker._commands.step import consume
-
     loader = _loader(dataset, batch_size, cand, seed=0)
     it = iter(loader)
     try:
@@ -167,8 +163,6 @@ class WorkerSession:
 
     def rate(self, workers: int, prefetch: int, seconds: float) -> float:
         """Samples per second at ``workers`` and ``prefetch``, timed over ``seconds``."""
-        from stoker._commands.step import consume
-
         started = max(0, workers - self.workers)
         self._schedule.workers, self._schedule.prefetch = workers, prefetch
         pool, scaler = self._it._pool, self._scaler
