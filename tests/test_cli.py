@@ -67,7 +67,14 @@ BAD_INPUT = {
     "doctor-module": (["doctor", "no_such_mod_xyz:make"], "'no_such_mod_xyz'"),
     "env-extra": (["env", "SCRIPT"], "unrecognized arguments: SCRIPT"),
     "env-data-dir": (["env", "--data-dir", "/no/such/dir"], "`--data-dir /no/such/dir`"),
+    "pack-source": (["pack", "/no/such/dir", "out"], "source '/no/such/dir' does not exist"),
+    "pack-size": (["pack", "--shard-size", "12XB", ".", "out"], "not a size: '12XB'"),
+    "index-missing": (["index", "/no/such/dir"], "'/no/such/dir' does not exist"),
 }
+
+
+def test_every_command_has_a_bad_input_case() -> None:
+    assert {argv[0] for argv, _ in BAD_INPUT.values()} == set(_COMMANDS)
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
@@ -142,10 +149,18 @@ def _pipe_cases(tmp_path: Path) -> dict[str, list[str]]:
         "doctor": ["doctor", "--json", str(SCRIPT)],
         "report": ["report", "--json", str(log)],
         "bench": ["bench", "--list"],
+        # no --json: what they print for a user, through the same pipe
+        "tune": ["tune", "--help"],
+        "pack": ["pack", "--help"],
+        "index": ["index", "--help"],
     }
 
 
-@pytest.mark.parametrize("command", ["env", "doctor", "report", "bench"])
+def test_pipe_cases_cover_every_command(tmp_path: Path) -> None:
+    assert set(_pipe_cases(tmp_path)) == set(_COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(_COMMANDS))
 def test_json_through_head_ends_quietly(command: str, tmp_path: Path) -> None:
     argv = _pipe_cases(tmp_path)[command]
     status, head, err = pipe_to_head(*argv)
@@ -185,3 +200,24 @@ def test_a_table_sent_to_a_pipe_is_not_wrapped_at_80_columns(tmp_path: Path) -> 
     table = stoker("report", str(log)).stdout
     rows = [line for line in table.splitlines() if diagnosis in line]
     assert len(rows) == 1 and len(rows[0]) > 80  # whole, on a row wider than 80 columns
+
+
+def test_output_to_a_file_is_not_wrapped_or_padded(tmp_path: Path) -> None:
+    """`stoker doctor SCRIPT > file`: each finding's sentences stay on one line, and no line
+    carries the spaces a console pads to its width."""
+    out = tmp_path / "doctor.txt"
+    with out.open("w") as handle:
+        done = subprocess.run(
+            [str(STOKER), "doctor", str(SCRIPT)],
+            stdout=handle,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
+            timeout=TIMEOUT_S,
+        )
+    assert done.returncode == 1, done.stderr
+    lines = out.read_text().splitlines()
+    why = next(line for line in lines if line.lstrip().startswith("why"))
+    assert why.rstrip().endswith("sampler."), why  # the sentence whole, on its line
+    assert all(line == line.rstrip() for line in lines)
