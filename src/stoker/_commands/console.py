@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,4 +61,5 @@ def console(*, stderr: bool = False, width: int | None = None) -> Console:
     if width is not None:
         return Console(stderr=stderr, width=width)
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=_StripTrailing(stream), width=PIPE_WIDTH, soft_wrap=False)
+    # cast: rich asks for IO[str] and calls only write, flush, isatty and fileno
+    return Console(file=cast("IO[str]", _StripTrailing(stream)), width=PIPE_WIDTH)
