@@ -44,21 +44,31 @@ def test_every_element_arrives_on_the_device(num_workers):
 def test_consumer_modifying_batches_in_place_does_not_corrupt_later_ones():
     ds = Pattern(512)
     loader = stoker.DataLoader(ds, batch_size=32, num_workers=2, device="cuda")
-    for x, _idx in loader:
+    seen = 0
+    for x, idx in loader:
+        # Each batch must still hold the dataset's values when it arrives, whatever the
+        # consumer did in place to the batches before it.
+        want = torch.stack([ds[int(i)][0] for i in idx.cpu()]).cuda()
+        assert torch.equal(x, want)
+        seen += len(idx)
         # In-place work on the consumer stream, racing the side stream's next copies.
         x.zero_()
         torch.cuda._sleep(1_000_000)
         x.add_(1)
         assert int(x.min()) == 1 and int(x.max()) == 1
     torch.cuda.synchronize()
+    assert seen == len(ds)
 
 
 def test_slots_are_not_reused_while_a_copy_is_in_flight():
     ds = Pattern(2048, (3, 128, 128))
     loader = stoker.DataLoader(ds, batch_size=64, num_workers=2, device="cuda", prefetch_factor=1)
+    seen = 0
     for x, idx in loader:
         want = torch.stack([ds[int(i)][0] for i in idx.cpu()]).cuda()
         assert torch.equal(x, want)
+        seen += len(idx)
+    assert seen == len(ds)  # an empty loader must not pass
 
 
 def test_device_memory_does_not_grow_over_1000_batches():

@@ -12,7 +12,7 @@ import pytest
 
 import stoker.bench as bench
 from stoker.bench._cli import load_factory
-from stoker.bench._report import read_json
+from stoker.bench._json import read_json
 from stoker.cli import main
 from stoker.errors import ConfigError
 
@@ -44,7 +44,17 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(
         bench,
         "QUICK_TIMINGS",
-        MappingProxyType({"run_s": 0.03, "warmup_s": 0.01, "grid_run_s": 0.02, "ideal_s": 0.02}),
+        MappingProxyType(
+            {
+                "run_s": 0.03,
+                "warmup_s": 0.01,
+                "grid_run_s": 0.02,
+                "ideal_s": 0.02,
+                "auto_settle_s": 0.05,
+                "fill_s": 0.0,
+                "train_run_s": 0.05,
+            }
+        ),
     )
     monkeypatch.setattr(bench, "QUICK_GRID_WORKERS", (0, 1))
     return tmp_path
@@ -77,6 +87,8 @@ def test_bench_own_dataset_writes_table_json_and_png(
     assert doc["schema"] == "stoker.bench/1" and doc["quick"] is True and doc["repeats"] == 1
     w = doc["workloads"][0]
     assert w["batch_size"] == 16 and w["torch_best"] is not None
+    failed = {c["name"]: c["error"] for c in w["contenders"] if c["error"] or not c["runs"]}
+    assert not failed  # stoker's contenders included: the harness would catch their errors
     assert read_json(out_json).workloads[0].name == "bench_user_mod:make_dataset"
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

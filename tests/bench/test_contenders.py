@@ -9,8 +9,8 @@ from stoker.bench._contenders import (
     ContenderSpec,
     build_loader,
     close_loader,
+    installed_peers,
     merge,
-    optional_contenders,
     recommended_workers,
     standard_contenders,
 )
@@ -32,21 +32,36 @@ def test_merge_joins_roles_of_identical_configurations() -> None:
     best = ContenderSpec("torch", 2, 2, True)
     specs = merge(standard_contenders(cores=2, stoker_workers=2, best=best, same_prefetch=2))
     names = [s.name for s in specs]
-    assert names == ["torch nw=0", "torch nw=1 pf=4", "torch nw=2 pf=2", "stoker nw=2"]
-    assert specs[2].roles == ("torch-same", "torch-best")
+    # stoker first, then the same-workers comparison, then torch's other references
+    assert names == ["stoker nw=2", "torch nw=2 pf=2", "torch nw=0", "torch nw=1 pf=4"]
+    assert specs[1].roles == ("torch-same", "torch-best")
+    with_auto = merge(standard_contenders(2, 2, best, 2, stoker_auto=True))
+    assert [s.name for s in with_auto][:3] == ["stoker auto", "stoker nw=2", "torch nw=2 pf=2"]
 
 
 def test_best_at_zero_workers_merges_with_the_baseline() -> None:
     specs = merge(standard_contenders(2, 2, ContenderSpec("torch", 0), 4))
-    assert specs[0].roles == ("torch-nw0", "torch-best")
-    assert [s.name for s in specs][2] == "torch nw=2 pf=4"
+    assert specs[2].name == "torch nw=0" and specs[2].roles == ("torch-best", "torch-nw0")
+    assert [s.name for s in specs][1] == "torch nw=2 pf=4"
 
 
 def test_missing_optional_libraries_are_noted_not_run() -> None:
-    specs, notes = optional_contenders(2)
-    assert {s.library for s in specs} | {n.split()[0] for n in notes} == set(OPTIONAL)
+    import pytest
+
+    peers, notes = installed_peers()
+    assert set(peers) | {n.split()[0] for n in notes} == set(OPTIONAL)
     for note in notes:
-        assert note.endswith("not installed: not compared")
+        assert note.endswith(": not compared")
+    mp = pytest.MonkeyPatch()
+    try:  # a peer that is not installed, and one whose module fails to import
+        mp.setitem(OPTIONAL, "nosuchlib", ("nosuchlib_xyz.pipeline", OPTIONAL["spdl"][1]))
+        mp.setitem(OPTIONAL, "broken", ("json.no_such_module", OPTIONAL["spdl"][1]))
+        peers, notes = installed_peers()
+    finally:
+        mp.undo()
+    assert "nosuchlib" not in peers and "broken" not in peers
+    assert "nosuchlib not installed (pip install 'stoker[bench]'): not compared" in notes
+    assert any(n.startswith("broken does not import (ModuleNotFoundError") for n in notes)
 
 
 def test_build_loader_makes_torch_and_stoker_loaders() -> None:
@@ -76,3 +91,49 @@ def test_full_mode_adds_auto_and_watched_stoker() -> None:
     close_loader(loader)
     quick = standard_contenders(2, 2, None, 2)
     assert not any({"stoker-auto", "stoker-watched"} & set(s.roles) for s in quick)
+
+
+def test_peer_grids_are_no_larger_than_torchs_and_use_their_own_knobs() -> None:
+    import dataclasses
+
+    from stoker.bench import make_plan
+
+    plan = make_plan(quick=False, cores=2)
+    assert plan.peers == ("torchdata", "spdl") and plan.stoker_auto
+    grid = plan.grid()
+    by_library: dict[str, list[ContenderSpec]] = {}
+    for spec in grid:
+        by_library.setdefault(spec.library, []).append(spec)
+    budget = len(by_library["torch"])
+    assert budget == 17  # nw=0, then 1..8 x prefetch {2, 4}
+    assert [s.num_workers for s in by_library["spdl"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert [s.name for s in by_library["spdl"]][-1] == "spdl threads=64"
+    torchdata = [(s.num_workers, s.prefetch_factor) for s in by_library["torchdata"]]
+    assert torchdata == [(nw, pf) for nw in range(1, 9) for pf in (2, 4)]
+    assert all(len(specs) <= budget for specs in by_library.values())
+    # A peer with more knobs than torch's grid has points is cut to the same budget.
+    wide = dataclasses.replace(plan, peer_threads=tuple(range(1, 40)))
+    assert sum(s.library == "spdl" for s in wide.grid()) == budget
+    assert {s.library for s in dataclasses.replace(plan, peers=()).grid()} == {"torch"}
+    quick = make_plan(quick=True, cores=2)
+    assert quick.stoker_auto and quick.train_shapes == ("gpu",)
+
+
+def test_peer_grid_rejects_an_unknown_library() -> None:
+    import pytest
+
+    from stoker.bench._plan import peer_grid
+    from stoker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no grid for library 'dali'"):
+        peer_grid("dali", (1,), (2,), (1,))
+
+
+def test_installed_peers_run_every_batch_once() -> None:
+    peers, _notes = installed_peers()
+    for library in peers:
+        for spec in (ContenderSpec(library, 1, 2), ContenderSpec(library, 3, 4)):
+            loader = build_loader(spec, list(range(64)), 16, range(64))
+            seen = sorted(int(x) for b in loader for x in b)
+            close_loader(loader)
+            assert seen == list(range(64)), spec.name

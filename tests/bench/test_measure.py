@@ -22,6 +22,7 @@ def _fast_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_measure, "PSS_INTERVAL_S", 0.01)
 
 
+@pytest.mark.measures
 def test_main_process_cpu_and_pss_are_measured() -> None:
     with Meter() as meter:
         _burn(0.1)
@@ -32,6 +33,7 @@ def test_main_process_cpu_and_pss_are_measured() -> None:
     assert usage.peak_pss_bytes > 10 * 2**20  # an interpreter with torch loaded
 
 
+@pytest.mark.measures
 def test_children_cpu_counts_in_the_tree_not_the_main_process() -> None:
     ctx = multiprocessing.get_context("fork")
     with Meter(TreeMeter.children_now()) as meter:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from stoker.bench._report import SCHEMA, from_json, read_json, render, to_json, verdict, write_json
+from stoker.bench._json import SCHEMA, from_json, read_json, to_json, write_json
+from stoker.bench._report import render, verdict
 from stoker.errors import ConfigError
 
 from ._factories import result, workload
@@ -39,7 +40,7 @@ def test_json_document_shape_and_derived_fields() -> None:
     w = doc["workloads"][0]
     assert w["torch_best"] == "torch nw=1 pf=4"
     assert w["ideal"]["samples_per_s"] == pytest.approx(500.0)
-    assert w["verdict"].startswith("stoker 2.00x faster than torch's best here")
+    assert w["verdict"].startswith("loader: stoker nw=2 2.00x faster than torch's best here")
     st = w["contenders"][-1]
     assert st["summary"]["ratio_to_torch_best"] == pytest.approx(2.0)
     assert st["summary"]["ratio_to_torch_same"] == pytest.approx(2.4)
@@ -61,6 +62,7 @@ def test_json_document_shape_and_derived_fields() -> None:
         "prefetch_factor": 2,
         "samples_per_s": None,
         "error": "boom",
+        "library": "torch",
     }
 
 
@@ -77,16 +79,46 @@ def test_json_rejects_other_schemas_and_malformed_documents() -> None:
 
 def test_verdict_faster_slower_par_and_failed() -> None:
     assert verdict(workload(stoker_rates=(300.0,))) == (
-        "stoker 2.00x faster than torch's best here (torch nw=1 pf=4); "
-        "2.40x torch at the same 2 workers; 60% of this machine's limit"
+        "loader: stoker nw=2 2.00x faster than torch's best here (torch nw=1 pf=4); "
+        "same workers: stoker nw=2 2.40x faster than torch at the same 2 workers "
+        "(torch nw=2 pf=2); stoker nw=2 at 60% of this machine's limit"
     )
     assert verdict(workload(stoker_rates=(75.0,))).startswith(
-        "stoker 2.00x slower than torch's best here"
+        "loader: stoker nw=2 2.00x slower than torch's best here"
     )
+    # torch's best ran 140 to 160 (±7%): 1.01x is within the run's own spread.
     assert verdict(workload(stoker_rates=(151.0,))).startswith(
-        "stoker on par with torch's best here (1.01x)"
+        "loader: stoker nw=2 on par with torch's best here (torch nw=1 pf=4) (1.01x, spread ±7%)"
     )
     assert verdict(workload(stoker_error="OSError: shm")) == "stoker failed: OSError: shm"
+
+
+def test_no_verdict_reads_slower_within_the_spread() -> None:
+    # 0.90x, but torch's best ran 120 to 180 (±20%): on par, not slower.
+    import dataclasses
+
+    from ._factories import contender
+
+    w = workload(stoker_rates=(135.0,))
+    wide = contender("torch nw=1 pf=4", "torch", ("torch-best",), 150.0, 120.0, 180.0, nw=1)
+    w = dataclasses.replace(w, contenders=(*w.contenders[:1], wide, *w.contenders[2:]))
+    text = verdict(w)
+    assert "slower" not in text.split(";")[0] and "on par" in text.split(";")[0]
+
+
+def test_verdict_leads_with_auto_then_same_workers_then_peers() -> None:
+    import dataclasses
+
+    from ._factories import contender
+
+    w = workload()
+    auto = contender("stoker auto", "stoker", ("stoker-auto",), 400.0, 410.0, 390.0, nw=2)
+    spdl = contender("spdl threads=8", "spdl", ("optional",), 200.0, 200.0, nw=8)
+    w = dataclasses.replace(w, contenders=(auto, *w.contenders, spdl))
+    parts = verdict(w).split("; ")
+    assert parts[0].startswith("loader: stoker auto 2.67x faster than torch's best here")
+    assert parts[1].startswith("same workers: stoker nw=2 2.40x faster than torch at the same")
+    assert parts[2] == "loader: stoker auto 2.00x faster than spdl's best (spdl threads=8)"
 
 
 def test_render_prints_tables_verdicts_and_total_time() -> None:
@@ -157,7 +189,7 @@ def test_an_ideal_that_is_no_limit_gives_no_fraction() -> None:
     st = w.stoker
     assert st is not None and w.fraction_of_ideal(st) is None
     assert "limit" not in verdict(w) and "% of" not in verdict(w)
-    assert verdict(limited).endswith("60% of this machine's limit")
+    assert verdict(limited).endswith("at 60% of this machine's limit")
     buf = io.StringIO()
     render(result(w), Console(file=buf, width=200))
     text = buf.getvalue()

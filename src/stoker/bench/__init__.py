@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
-from stoker.bench._harness import Plan, Progress, bench_workload
+from stoker.bench._harness import Plan, Progress, bench_workload, trains
 from stoker.bench._ramp import RAMP_STARTS, ramps_planned
 from stoker.bench._result import (
     BenchResult,
@@ -70,6 +70,7 @@ QUICK_TIMINGS: Mapping[str, float] = MappingProxyType(
         "ideal_s": 0.25,
         "auto_settle_s": 0.2,
         "fill_s": 0.05,
+        "train_run_s": 0.4,
     }
 )
 FULL_TIMINGS: Mapping[str, float] = MappingProxyType(
@@ -81,8 +82,19 @@ FULL_TIMINGS: Mapping[str, float] = MappingProxyType(
         "auto_settle_s": 3.0,
         "ramp_s": 10.0,
         "fill_s": 0.5,
+        "train_run_s": 1.5,
     }
 )
+# The train family's step shapes: quick mode keeps the GPU-like one (the common case).
+QUICK_TRAIN_SHAPES = ("gpu",)
+FULL_TRAIN_SHAPES = ("gpu", "cpu")
+# Optional libraries whose grids run where they are installed, and their knobs: SPDL's
+# thread counts; torchdata.nodes takes torch's worker counts (from 1) x these prefetch
+# factors. Quick mode tries 3 points each to finish in under 2 minutes.
+PEERS = ("torchdata", "spdl")
+FULL_PEER_THREADS = (1, 2, 4, 8, 16, 32, 64)
+QUICK_PEER_THREADS = (2, 8, 32)
+QUICK_PEER_PREFETCH = (2,)
 
 
 def _grid_workers(cores: int, quick: bool) -> tuple[int, ...]:
@@ -108,8 +120,8 @@ def make_plan(
     """The measuring plan for quick or full mode.
 
     Args:
-        quick: short runs, 3 repeats and a reduced torch grid (about 25 s per workload on
-            2 cores) instead of 5 repeats and the full grid.
+        quick: short runs, 3 repeats, reduced grids and the GPU-like training step only
+            instead of 5 repeats, the full grids and both step shapes.
         repeats: timed runs per contender. Default 3 in quick mode, 5 otherwise.
         cores: usable cores. Default :func:`stoker._introspect.platform.usable_cores`.
         multiprocessing_context: start method for loaders with workers. Default: platform's.
@@ -125,15 +137,22 @@ def make_plan(
     if quick:
         note = (
             f"quick mode: torch grid reduced to num_workers in {{{', '.join(map(str, grid))}}}"
-            f" x prefetch_factor {{2, 4}} with short runs (full grid: 0 to {4 * n})"
+            f" x prefetch_factor {{2, 4}} with short runs (full grid: 0 to {4 * n}); SPDL threads"
+            f" {{{', '.join(map(str, QUICK_PEER_THREADS))}}}, torchdata.nodes workers from 1 x"
+            " prefetch 2; torch without workers and the seed recipe timed only as grid best"
         )
     else:
         note = (
             f"torch grid: num_workers in {{{', '.join(map(str, grid))}}} x prefetch_factor {{2, 4}}"
         )
     return Plan(
-        stoker_auto=not quick,
+        stoker_auto=True,
         stoker_watched=not quick,
+        train_shapes=QUICK_TRAIN_SHAPES if quick else FULL_TRAIN_SHAPES,
+        peers=PEERS,
+        peer_threads=QUICK_PEER_THREADS if quick else FULL_PEER_THREADS,
+        peer_prefetch=QUICK_PEER_PREFETCH if quick else PREFETCH_GRID,
+        references=not quick,
         repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,
@@ -141,7 +160,14 @@ def make_plan(
         stoker_workers=n,
         cores=n,
         multiprocessing_context=multiprocessing_context,
-        **timings,
+        run_s=timings["run_s"],
+        warmup_s=timings["warmup_s"],
+        grid_run_s=timings["grid_run_s"],
+        ideal_s=timings["ideal_s"],
+        auto_settle_s=timings["auto_settle_s"],
+        ramp_s=timings.get("ramp_s", 0.0),
+        fill_s=timings["fill_s"],
+        train_run_s=timings["train_run_s"],
     )
 
 
@@ -174,10 +200,16 @@ def _machine(plan: Plan) -> dict[str, Any]:
 
 
 def _steps(workload: Workload, plan: Plan) -> int:
-    contenders = 4 if workload.mode == "epochs" else 5
+    """The workload's progress steps, as planned (an estimate: merged contenders and missing
+    peers make fewer; the remainder is advanced when the workload ends)."""
+    peers = len(plan.peers)
+    steady = 3 + 2 * plan.references + plan.stoker_auto + plan.stoker_watched
+    contenders = 4 if workload.mode == "epochs" else steady
+    contenders += 0 if workload.mode == "epochs" else peers
     grid = len(plan.grid()) if workload.mode == "steady" else 0
     ramps = len(RAMP_STARTS) if ramps_planned(workload, plan) else 0
-    return 1 + grid + plan.repeats * contenders + ramps
+    train = (4 + peers) * len(plan.train_shapes) * plan.repeats if trains(workload, plan) else 0
+    return 1 + grid + plan.repeats * contenders + ramps + train
 
 
 def run(

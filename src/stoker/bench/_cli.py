@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     from stoker._commands.console import console
     from stoker._commands.output import check_output_path
     from stoker._commands.target import call_factory
-    from stoker.bench._report import PLAIN_WIDTH, render, write_json
+    from stoker.bench._json import write_json
+    from stoker.bench._report import PLAIN_WIDTH, render
     from stoker.bench._workloads import Workload
     from stoker.errors import ConfigError
 

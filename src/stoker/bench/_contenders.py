@@ -8,6 +8,7 @@ stoker's are always available; optional libraries (torchdata nodes, SPDL) regist
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,8 +25,8 @@ __all__ = [
     "ContenderSpec",
     "build_loader",
     "close_loader",
+    "installed_peers",
     "merge",
-    "optional_contenders",
     "recommended_workers",
     "standard_contenders",
 ]
@@ -73,12 +74,15 @@ class ContenderSpec:
             return f"{self.library} auto"
         if self.watched:
             return f"{self.library} nw={self.num_workers} watched"
+        if self.library == "spdl":
+            return f"spdl threads={self.num_workers}"
         if self.library not in ("torch", "stoker") or (
             self.library == "stoker"
             and self.prefetch_factor is None
             and self.persistent_workers is None
         ):
-            return f"{self.library} nw={self.num_workers}"
+            pf = f" pf={self.prefetch_factor}" if self.prefetch_factor is not None else ""
+            return f"{self.library} nw={self.num_workers}{pf}"
         parts = [self.library, f"nw={self.num_workers}"]
         if self.num_workers and self.prefetch_factor is not None:
             parts.append(f"pf={self.prefetch_factor}")
@@ -110,6 +114,7 @@ def standard_contenders(
     same_prefetch: int,
     stoker_auto: bool = False,
     stoker_watched: bool = False,
+    references: bool = True,
 ) -> list[ContenderSpec]:
     """torch's reference configurations and stoker with its defaults (before merging).
 
@@ -120,20 +125,27 @@ def standard_contenders(
         same_prefetch: torch's better ``prefetch_factor`` at ``stoker_workers``.
         stoker_auto: also stoker with ``num_workers="auto"`` (and ``prefetch_factor="auto"``).
         stoker_watched: also stoker's defaults wrapped in ``stoker.watch`` (its overhead).
+        references: also torch with no workers and torch's seed recipe.
     """
     cuda = torch.cuda.is_available()
-    specs = [
-        ContenderSpec("torch", 0, roles=("torch-nw0",)),
-        ContenderSpec(
-            "torch", recommended_workers(cores), 4, True, cuda, roles=("torch-recommended",)
-        ),
+    # In the order the table shows them: what the README recommends first, then the
+    # same-workers comparison, then torch's other references.
+    specs = []
+    if stoker_auto:
+        specs.append(ContenderSpec("stoker", stoker_workers, auto=True, roles=("stoker-auto",)))
+    specs += [
+        ContenderSpec("stoker", stoker_workers, roles=("stoker",)),
         ContenderSpec("torch", stoker_workers, same_prefetch, True, roles=("torch-same",)),
     ]
     if best is not None:
         specs.append(replace(best, roles=("torch-best",)))
-    specs.append(ContenderSpec("stoker", stoker_workers, roles=("stoker",)))
-    if stoker_auto:
-        specs.append(ContenderSpec("stoker", stoker_workers, auto=True, roles=("stoker-auto",)))
+    if references:
+        specs += [
+            ContenderSpec("torch", 0, roles=("torch-nw0",)),
+            ContenderSpec(
+                "torch", recommended_workers(cores), 4, True, cuda, roles=("torch-recommended",)
+            ),
+        ]
     if stoker_watched:
         specs.append(
             ContenderSpec("stoker", stoker_workers, watched=True, roles=("stoker-watched",))
@@ -195,7 +207,7 @@ def build_loader(
         if spec.watched:
             from stoker.monitor import watch
 
-            inner = DataLoader(
+            inner: Any = DataLoader(
                 dataset, num_workers=spec.num_workers, pin_memory=spec.pin_memory, **kwargs
             )
             return watch(inner, every=100, progress=False)
@@ -247,6 +259,23 @@ class _TorchdataNodesLoader:
         self, spec: ContenderSpec, dataset: Any, batch_size: int, sampler: Iterable[int] | None
     ) -> None:
         self.spec, self.dataset, self.batch_size, self.sampler = spec, dataset, batch_size, sampler
+        self._mapper: Any = None
+
+    def close(self) -> None:
+        """Stop the mapper's worker processes now.
+
+        torchdata stops them only when its iterator is collected; collected in a worker that
+        a later contender forked, its ``__del__`` fails there ("can only test a child
+        process"). Its iterator has no public stop: ``_shutdown`` is found along ``_it``.
+        """
+        node, mapper = self._mapper, None
+        for _ in range(3):
+            node = getattr(node, "_it", None)
+            if callable(getattr(node, "_shutdown", None)):
+                mapper = node
+        if mapper is not None:
+            mapper._shutdown()
+        self._mapper = None
 
     def __iter__(self) -> Iterator[Any]:
         from torchdata import nodes
@@ -259,6 +288,7 @@ class _TorchdataNodesLoader:
             num_workers=max(1, self.spec.num_workers),
             method="process",
         )
+        self._mapper = node
         node = nodes.Prefetcher(node, prefetch_factor=self.spec.prefetch_factor or 2)
         yield from nodes.Loader(node)
 
@@ -275,9 +305,9 @@ class _SpdlLoader:
         from spdl.pipeline import PipelineBuilder
 
         threads = max(1, self.spec.num_workers)
+        builder: Any = PipelineBuilder()  # typed generics that an index source does not meet
         pipeline = (
-            PipelineBuilder()
-            .add_source(_index_batches(self.sampler, len(self.dataset), self.batch_size))
+            builder.add_source(_index_batches(self.sampler, len(self.dataset), self.batch_size))
             .pipe(_FetchBatch(self.dataset), concurrency=threads)
             .add_sink(self.spec.prefetch_factor or 2 * threads)
             .build(num_threads=threads)
@@ -294,17 +324,22 @@ OPTIONAL: dict[str, tuple[str, Builder]] = {
 }
 
 
-def optional_contenders(stoker_workers: int) -> tuple[list[ContenderSpec], list[str]]:
-    """Optional contenders that are installed, and a note for each that is not."""
-    specs: list[ContenderSpec] = []
+def installed_peers() -> tuple[list[str], list[str]]:
+    """The optional libraries that import, and for each that does not a note saying why."""
+    found: list[str] = []
     notes: list[str] = []
     for library, (module, _) in OPTIONAL.items():
         try:
-            found = importlib.util.find_spec(module) is not None
+            present = importlib.util.find_spec(module.split(".")[0]) is not None
         except (ImportError, ValueError):
-            found = False
-        if found:
-            specs.append(ContenderSpec(library, stoker_workers, roles=("optional",)))
-        else:
-            notes.append(f"{library} not installed: not compared")
-    return specs, notes
+            present = False
+        if not present:
+            notes.append(f"{library} not installed (pip install 'stoker[bench]'): not compared")
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # installed but broken beside this torch: say so, go on
+            notes.append(f"{library} does not import ({type(exc).__name__}: {exc}): not compared")
+            continue
+        found.append(library)
+    return found, notes

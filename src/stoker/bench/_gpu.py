@@ -153,13 +153,17 @@ def run_gpu_bench(device: str = "cuda", seconds: float = RUN_S) -> GpuBenchResul
     ds = Uint8Images()
     workers = max(1, usable_cores() // 2)
     plain = _plain_copy_gbps(dev, seconds)
-    feed = stoker.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, device=dev)
+    feed: Any = stoker.DataLoader(
+        ds, batch_size=BATCH, shuffle=True, num_workers=workers, device=dev
+    )
     feed_s = _loop(feed, dev, seconds, train=False, move=False)
     del feed
     x = torch.randint(0, 256, (BATCH, *IMAGE), dtype=torch.uint8, device=dev)
     y = torch.randint(0, 1000, (BATCH,), device=dev)
     on_device = _loop(iter(lambda: (x, y), None), dev, seconds, train=True, move=False)
-    loader = stoker.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, device=dev)
+    loader: Any = stoker.DataLoader(
+        ds, batch_size=BATCH, shuffle=True, num_workers=workers, device=dev
+    )
     fed_stoker = _loop(loader, dev, seconds, train=True, move=False)
     del loader
     recommended = max(1, round(0.7 * usable_cores()))

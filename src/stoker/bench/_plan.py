@@ -12,7 +12,7 @@ import torch.utils.data as tud
 from stoker.bench._contenders import ContenderSpec
 from stoker.errors import ConfigError
 
-__all__ = ["Plan", "Progress", "Report", "SeededSampler"]
+__all__ = ["Plan", "Progress", "Report", "SeededSampler", "peer_grid"]
 
 Report = Callable[[str, int], None]
 """``report(message, steps)``: the harness finished ``steps`` more steps."""
@@ -52,13 +52,18 @@ class Plan:
             gets there is measured by the ramp runs).
         ramp_s: seconds of each ramp run of ``num_workers="auto"`` (from 1 worker and from
             16; 0 skips them).
+        train_shapes: the ``train`` family's step shapes (``"gpu"``, ``"cpu"``; empty: none).
+        train_run_s: target seconds of a timed training-step run.
+        peers: optional libraries whose grids run beside torch's (those installed).
+        peer_threads: SPDL thread counts its grid tries.
+        peer_prefetch: torchdata.nodes prefetch factors its grid tries (with torch's worker
+            counts from 1).
+        references: also time torch with no workers and torch's seed recipe (where neither
+            is torch's grid best, quick mode leaves them out to finish in time).
         fill_s: seconds at the start of each time-bounded run's epoch that are not timed:
             the loader fills its empty pipeline then (how soon it delivers shows in the first
-            batch's latency). A training epoch lasts minutes, where the fill hardly counts;
-            in a 3 s run timed from ``iter()`` it weighs about 100 times more. Measured on
-            the bench's heavytail, 2 cores: torch with 8 workers (first batch 0.43 s, all 8
-            finishing together) read 1,180 samples/s timed from ``iter()`` and 1,451 with
-            ``fill_s=0.5`` (full benches, 5 repeats).
+            batch's latency). A training epoch lasts minutes, where the fill hardly counts
+            (figures: benchmarks/README.md, "stoker bench").
     """
 
     repeats: int
@@ -77,6 +82,12 @@ class Plan:
     auto_settle_s: float = 3.0
     ramp_s: float = 0.0
     fill_s: float = 0.0
+    train_shapes: tuple[str, ...] = ()
+    train_run_s: float = 1.0
+    peers: tuple[str, ...] = ()
+    peer_threads: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    peer_prefetch: tuple[int, ...] = (2, 4)
+    references: bool = True
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -89,11 +100,13 @@ class Plan:
             "auto_settle_s",
             "ramp_s",
             "fill_s",
+            "train_run_s",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"`{name}` must be >= 0. Found: {getattr(self, name)!r}.")
 
     def grid(self) -> list[ContenderSpec]:
+        """torch's grid, then each installed peer's with no more points (its own knobs)."""
         specs = [ContenderSpec("torch", 0, roles=("torch-other",))]
         for nw in self.grid_workers:
             if nw > 0:
@@ -101,7 +114,28 @@ class Plan:
                     ContenderSpec("torch", nw, pf, True, roles=("torch-other",))
                     for pf in self.grid_prefetch
                 ]
+        budget = len(specs)
+        for library in self.peers:
+            grid = peer_grid(library, self.grid_workers, self.peer_prefetch, self.peer_threads)
+            specs += grid[:budget]
         return specs
+
+
+def peer_grid(
+    library: str, workers: tuple[int, ...], prefetch: tuple[int, ...], threads: tuple[int, ...]
+) -> list[ContenderSpec]:
+    """A peer's grid: SPDL over its thread counts, torchdata.nodes over worker processes
+    (torch's worker counts from 1) x prefetch factors."""
+    if library == "spdl":
+        return [ContenderSpec("spdl", n, roles=("optional",)) for n in threads]
+    if library == "torchdata":
+        return [
+            ContenderSpec("torchdata", nw, pf, roles=("optional",))
+            for nw in workers
+            if nw > 0
+            for pf in prefetch
+        ]
+    raise ConfigError(f"no grid for library {library!r}: pick spdl or torchdata.")
 
 
 class SeededSampler(tud.Sampler[int]):

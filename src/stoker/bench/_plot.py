@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from stoker.bench._result import BenchResult, ContenderResult, WorkloadResult
 from stoker.bench._roles import ROLES_EXPLAINED, role_label
@@ -26,77 +27,60 @@ _SERIES = (
     ("torch-same", role_label("torch", "torch-same"), "#4292c6"),
     ("optional", "other libraries", "#fdae6b"),
     ("stoker", role_label("stoker", "stoker"), "#d94801"),
+    ("stoker-auto", role_label("stoker", "stoker-auto"), "#7f2704"),
 )
+_STOKER_ROLES = ("stoker", "stoker-auto")
 
 
 def _pick(w: WorkloadResult, role: str) -> ContenderResult | None:
     return next((c for c in w.contenders if role in c.roles and c.ok), None)
 
 
-def plot(result: BenchResult, path: str | Path) -> Path:
-    """Draw the chart and save it as a PNG.
+def _series_bars(
+    ax: Any, workloads: list[WorkloadResult], k: int, width: float, serie: tuple[str, str, str]
+) -> float:
+    """One role's bars (median ratio to torch's best, whiskers over the repeats); the top."""
+    role, label, colour = serie
+    xs, ys, lo, hi = [], [], [], []
+    for i, w in enumerate(workloads):
+        c = _pick(w, role)
+        r = w.ratio_to_best(c) if c is not None else None
+        best = w.torch_best
+        if r is not None and c is not None and best is not None and best.samples_per_s:
+            rates = [run.samples_per_s / best.samples_per_s for run in c.runs]
+            xs.append(i - 0.4 + width * (k + 0.5))
+            ys.append(r)
+            lo.append(max(0.0, r - min(rates)))
+            hi.append(max(0.0, max(rates) - r))
+    ax.bar(
+        xs,
+        ys,
+        width * 0.92,
+        yerr=[lo, hi],
+        error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#555555"},
+        label=label,
+        color=colour,
+        edgecolor="#444444" if role in _STOKER_ROLES else "none",
+        linewidth=0.6,
+    )
+    top = max([1.0, *(y + h for y, h in zip(ys, hi, strict=True))])
+    if role in _STOKER_ROLES:
+        for x, y, h in zip(xs, ys, hi, strict=True):
+            ax.text(
+                x,
+                y + h + 0.02 * top,
+                f"{y:.2f}x",
+                ha="center",
+                va="bottom",
+                fontsize=9,
+                fontweight="bold",
+                zorder=5,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.85},
+            )
+    return top
 
-    Args:
-        result: a bench result.
-        path: where to write the PNG.
 
-    Returns:
-        The path written.
-
-    Raises:
-        ConfigError: if matplotlib is not installed or no workload has results.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ConfigError("`--plot` needs matplotlib: `pip install 'stoker[bench]'`.") from exc
-    workloads = [w for w in result.workloads if w.torch_best is not None]
-    if not workloads:
-        raise ConfigError("nothing to plot: no workload has a torch result.")
-    series = [s for s in _SERIES if any(_pick(w, s[0]) for w in workloads)]
-    width = 0.8 / max(1, len(series))
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(workloads) + 3), 5.6), dpi=120)
-    top = 1.0
-    for k, (role, label, colour) in enumerate(series):
-        xs, ys, lo, hi = [], [], [], []
-        for i, w in enumerate(workloads):
-            c = _pick(w, role)
-            r = w.ratio_to_best(c) if c is not None else None
-            best = w.torch_best
-            if r is not None and c is not None and best is not None and best.samples_per_s:
-                rates = [run.samples_per_s / best.samples_per_s for run in c.runs]
-                xs.append(i - 0.4 + width * (k + 0.5))
-                ys.append(r)
-                lo.append(max(0.0, r - min(rates)))
-                hi.append(max(0.0, max(rates) - r))
-        ax.bar(
-            xs,
-            ys,
-            width * 0.92,
-            yerr=[lo, hi],
-            error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#555555"},
-            label=label,
-            color=colour,
-            edgecolor="#444444" if role == "stoker" else "none",
-            linewidth=0.6,
-        )
-        top = max([top, *(y + h for y, h in zip(ys, hi, strict=True))])
-        if role == "stoker":
-            for x, y, h in zip(xs, ys, hi, strict=True):
-                ax.text(
-                    x,
-                    y + h + 0.02 * top,
-                    f"{y:.2f}x",
-                    ha="center",
-                    va="bottom",
-                    fontsize=9,
-                    fontweight="bold",
-                    zorder=5,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.85},
-                )
+def _mark_failures(ax: Any, workloads: list[WorkloadResult], width: float) -> None:
     for i, w in enumerate(workloads):
         st = next((c for c in w.contenders if "stoker" in c.roles), None)
         if st is not None and not st.ok:
@@ -110,6 +94,9 @@ def plot(result: BenchResult, path: str | Path) -> Path:
                 color="#d94801",
                 rotation=90,
             )
+
+
+def _axes(ax: Any, result: BenchResult, workloads: list[WorkloadResult], top: float) -> None:
     ax.axhline(1.0, color="#222222", linestyle="--", linewidth=1.2)
     ax.text(
         1.005,
@@ -145,13 +132,9 @@ def plot(result: BenchResult, path: str | Path) -> Path:
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.legend(
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.16),
-        fontsize=8,
-        frameon=False,
-        ncol=len(series),
-    )
+
+
+def _footer(fig: Any) -> None:
     fig_w, fig_h = fig.get_size_inches()
     foot = [
         "bars: medians; whiskers: range of the repeats (each run / torch's best median)",
@@ -160,6 +143,47 @@ def plot(result: BenchResult, path: str | Path) -> Path:
     fig.set_size_inches(fig_w, fig_h + FOOT_LINE_IN * len(foot))
     fig.text(0.01, 0.01, "\n".join(foot), fontsize=7, color="#666666")
     fig.tight_layout(rect=(0, FOOT_LINE_IN * (len(foot) + 0.5) / fig.get_size_inches()[1], 1, 1))
+
+
+def plot(result: BenchResult, path: str | Path) -> Path:
+    """Draw the chart and save it as a PNG.
+
+    Args:
+        result: a bench result.
+        path: where to write the PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: if matplotlib is not installed or no workload has results.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("`--plot` needs matplotlib: `pip install 'stoker[bench]'`.") from exc
+    workloads = [w for w in result.workloads if w.torch_best is not None]
+    if not workloads:
+        raise ConfigError("nothing to plot: no workload has a torch result.")
+    series = [s for s in _SERIES if any(_pick(w, s[0]) for w in workloads)]
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(workloads) + 3), 5.6), dpi=120)
+    top = max(
+        [1.0, *(_series_bars(ax, workloads, k, width, serie) for k, serie in enumerate(series))]
+    )
+    _mark_failures(ax, workloads, width)
+    _axes(ax, result, workloads, top)
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        fontsize=8,
+        frameon=False,
+        ncol=len(series),
+    )
+    _footer(fig)
     out = Path(path)
     fig.savefig(out)
     plt.close(fig)

@@ -84,7 +84,7 @@ def measure_ramp(
             if isinstance(dataset, tud.IterableDataset)
             else SeededSampler(len(dataset), _SAMPLES, seed=-2)
         )
-        loader = loader_module.DataLoader(
+        loader: Any = loader_module.DataLoader(
             dataset,
             batch_size=workload.batch_size,
             sampler=sampler,

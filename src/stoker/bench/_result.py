@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stoker.bench._stats import Ideal, fraction_of, median, ratio, spread
+from stoker.bench._train_result import TrainTable
 from stoker.errors import ConfigError
 
 __all__ = [
@@ -158,12 +159,13 @@ class ContenderResult:
 
 @dataclass(frozen=True)
 class GridPoint:
-    """One configuration of torch's grid search (short runs) and its throughput."""
+    """One configuration of a library's grid search (short runs) and its throughput."""
 
     num_workers: int
     prefetch_factor: int | None
     samples_per_s: float | None
     error: str | None = None
+    library: str = "torch"  # or a peer's name: SPDL's num_workers is its thread count
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,7 @@ class WorkloadResult:
         error: why the workload could not run at all, else ``None``.
         duration_s: wall seconds the workload took (data generation included).
         ramps: ramp runs of ``num_workers="auto"`` (full mode, steady workloads).
+        train: the ``train`` family's tables, one per step shape (steady workloads).
     """
 
     name: str
@@ -231,6 +234,7 @@ class WorkloadResult:
     error: str | None = None
     duration_s: float = 0.0
     ramps: tuple[Ramp, ...] = ()
+    train: tuple[TrainTable, ...] = ()
 
     def with_role(self, role: Role) -> ContenderResult | None:
         """The first contender playing ``role`` that ran, or ``None``."""
@@ -239,11 +243,15 @@ class WorkloadResult:
                 return c
         return None
 
+    def best(self, library: str) -> ContenderResult | None:
+        """``library``'s contender with the highest median samples/s in the repeats."""
+        ran = [c for c in self.contenders if c.library == library and c.ok]
+        return max(ran, key=lambda c: c.samples_per_s or 0.0, default=None)
+
     @property
     def torch_best(self) -> ContenderResult | None:
         """The torch contender with the highest median samples/s in the repeats."""
-        torch_runs = [c for c in self.contenders if c.library == "torch" and c.ok]
-        return max(torch_runs, key=lambda c: c.samples_per_s or 0.0, default=None)
+        return self.best("torch")
 
     @property
     def torch_same(self) -> ContenderResult | None:

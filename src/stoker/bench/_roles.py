@@ -16,7 +16,7 @@ ROLE_TEXT: dict[Role, str] = {
     "stoker": "defaults",
     "stoker-auto": 'num_workers="auto"',
     "stoker-watched": "in stoker.watch",
-    "optional": "optional",
+    "optional": "best of its grid",
     "torch-other": "",
 }
 
@@ -25,7 +25,9 @@ ROLES_EXPLAINED = (
     "roles: baseline = no workers; seed recipe = the usual advice, 0.7 x cores workers, "
     "prefetch_factor=4, persistent (pinned with CUDA); same nw = stoker's num_workers at "
     "torch's better prefetch_factor; grid best = winner of torch's short grid search; "
-    "defaults = stoker.DataLoader with no tuning."
+    'defaults = stoker.DataLoader with no tuning; num_workers="auto" = stoker as the '
+    "README recommends; best of its grid = an optional library (SPDL threads, torchdata.nodes "
+    "workers x prefetch) at the winner of its own short grid search."
 )
 
 

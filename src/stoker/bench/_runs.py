@@ -1,0 +1,259 @@
+"""One run of one contender: build its loader, warm it up, time it, shut it down.
+
+The loader-only runs (:func:`timed_run`) and the training-step runs (:mod:`stoker.bench._train`)
+share the loader's life: :func:`open_run` builds the loader with a sampler sized for the run,
+warms it up and closes it afterwards, waiting for its child processes to exit.
+
+A timed loader run iterates ``iter(loader)`` and passes every batch to
+:func:`~stoker._commands.step.consume` (one read per 4 KiB page of every tensor).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch.utils.data as tud
+
+from stoker._commands.step import consume
+from stoker.bench._contenders import ContenderSpec, build_loader, close_loader
+from stoker.bench._measure import Meter, TreeMeter
+from stoker.bench._plan import Plan, Report, SeededSampler
+from stoker.bench._result import RunSample
+from stoker.bench._stats import Ideal
+from stoker.bench._workloads import Workload
+
+__all__ = [
+    "OpenRun",
+    "alternate",
+    "describe",
+    "iterate",
+    "open_run",
+    "timed_run",
+    "wait_children_exit",
+]
+
+# Seconds a child process may take to exit after its loader is closed.
+CHILD_EXIT_S = 5.0
+CHILD_POLL_S = 0.02
+# A time-bounded run's sampler holds this many times the samples the ideal rate would
+# deliver in the run time (the run stops at the time limit long before it runs out).
+RUN_SAMPLES_HEADROOM = 10
+
+T = TypeVar("T")
+
+
+def describe(exc: BaseException) -> str:
+    """The first line of ``exc`` as ``Type: message`` (at most 200 characters)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first_line = text.splitlines()[0] if text else type(exc).__name__
+    return first_line[:200]
+
+
+def alternate(
+    names: list[str],
+    repeats: int,
+    run: Callable[[int, int], T],
+    said: Callable[[T], str],
+    report: Report,
+    prefix: str,
+) -> tuple[dict[int, list[T]], dict[int, str]]:
+    """``run(i, r)`` for each contender ``i`` in each repeat ``r``, the order rotating every
+    repeat so that no contender always runs first or last.
+
+    Returns each contender's samples and, for a contender whose run raised, the error (it
+    does not run again; the others still do). ``report`` hears of each run as
+    ``"{prefix}{name} run r/repeats: {said(sample)}"``.
+    """
+    runs: dict[int, list[T]] = {i: [] for i in range(len(names))}
+    errors: dict[int, str] = {}
+    for r in range(repeats):
+        for i in [(r + k) % len(names) for k in range(len(names))]:
+            if i in errors:
+                report(f"{prefix}{names[i]}: failed earlier", 1)
+                continue
+            try:
+                sample = run(i, r)
+            except Exception as exc:  # reported in the table; the others still run
+                errors[i] = describe(exc)
+                report(f"{prefix}{names[i]}: failed ({errors[i]})", 1)
+                continue
+            runs[i].append(sample)
+            report(f"{prefix}{names[i]} run {r + 1}/{repeats}: {said(sample)}", 1)
+    return runs, errors
+
+
+def wait_children_exit(baseline: set[int]) -> None:
+    """Wait (up to :data:`CHILD_EXIT_S`) until no child beyond ``baseline`` is alive."""
+    deadline = time.monotonic() + CHILD_EXIT_S
+    while TreeMeter.children_now() - baseline and time.monotonic() < deadline:
+        time.sleep(CHILD_POLL_S)
+
+
+def iterate(
+    loader: Iterable[Any], *, min_batches: int, seconds: float | None, t0: float
+) -> tuple[int, int, float, float]:
+    """Consume batches; return (samples, batches, first_batch_s, seconds to the last one).
+
+    ``loader`` may be an epoch's iterator: the iteration then goes on where it stands.
+    """
+    samples = batches = 0
+    first = last = 0.0
+    it = iter(loader)
+    try:
+        for batch in it:
+            samples += consume(batch)
+            del batch
+            batches += 1
+            last = time.perf_counter() - t0
+            if batches == 1:
+                first = last
+            if seconds is not None and last >= seconds and batches >= min_batches:
+                break
+    finally:
+        del it
+    return samples, batches, first, last
+
+
+@dataclass
+class OpenRun:
+    """A contender's loader, built and warmed up for one run.
+
+    Attributes:
+        loader: the iterable over batches.
+        min_batches: batches a time-bounded run consumes at least (whole rounds of workers).
+        time_bound: seconds a run lasts (``None``: the workload fixes the samples instead).
+    """
+
+    loader: Iterable[Any]
+    min_batches: int
+    time_bound: float | None
+
+
+def _sampler_size(
+    spec: ContenderSpec, dataset: Any, workload: Workload, plan: Plan, run_s: float, ideal: Ideal
+) -> tuple[int, int | None]:
+    """(samples per pass, samples of the first pass: the warm-up) for the run's sampler.
+
+    The warm-up (``steady`` mode) is a complete short pass of one batch per worker, so that
+    every worker has started and no warm-up work is still in flight when the timed pass
+    starts; ``num_workers="auto"`` warms up by time (its controller settles).
+    """
+    bs = workload.batch_size
+    if workload.mode != "steady":  # one epoch = one pass over the dataset
+        return (0 if isinstance(dataset, tud.IterableDataset) else len(dataset)), None
+    samples = max(8 * bs, int(ideal.samples_per_s * (run_s + plan.fill_s) * RUN_SAMPLES_HEADROOM))
+    first_pass = bs * max(1, spec.num_workers)
+    if spec.auto:
+        first_pass = max(
+            first_pass, int(ideal.samples_per_s * plan.auto_settle_s * RUN_SAMPLES_HEADROOM)
+        )
+    return samples, first_pass
+
+
+@contextmanager
+def open_run(
+    spec: ContenderSpec,
+    dataset: Any,
+    workload: Workload,
+    plan: Plan,
+    *,
+    seed: int,
+    run_s: float,
+    ideal: Ideal,
+    rounds: int = 2,
+) -> Iterator[OpenRun]:
+    """Build ``spec``'s loader, warm it up (``steady`` mode), yield it, then shut it down.
+
+    A time-bounded run lasts ``run_s`` and at least ``rounds`` batches per worker (whole
+    rounds, so that the last round is not half empty).
+    """
+    baseline = TreeMeter.children_now()
+    samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal)
+    sampler = None
+    if not isinstance(dataset, tud.IterableDataset):
+        sampler = SeededSampler(len(dataset), workload.samples_per_run or samples, seed, warmup)
+    loader = build_loader(spec, dataset, workload.batch_size, sampler, plan.multiprocessing_context)
+    time_bound = run_s if workload.samples_per_run is None else None
+    try:
+        if workload.mode == "steady":
+            # Iterable datasets warm up by time, as does num_workers="auto" (it settles).
+            warm_s = plan.auto_settle_s if spec.auto else None
+            if sampler is None:
+                warm_s = max(warm_s or 0.0, plan.warmup_s)
+            iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter())
+        yield OpenRun(loader, rounds * max(1, spec.num_workers), time_bound)
+    finally:
+        close_loader(loader)
+        del loader
+        gc.collect()
+        wait_children_exit(baseline)
+
+
+def timed_run(
+    spec: ContenderSpec,
+    dataset: Any,
+    workload: Workload,
+    plan: Plan,
+    *,
+    seed: int,
+    run_s: float,
+    ideal: Ideal,
+    rounds: int = 2,
+) -> RunSample:
+    """Build, warm up, time one run (or ``workload.epochs`` epochs), shut down.
+
+    A time-bounded ``steady`` run is timed after the epoch's first ``plan.fill_s`` seconds
+    (the pipeline's fill; the first batch's latency is measured from ``iter()``).
+    """
+    baseline = TreeMeter.children_now()
+    with open_run(
+        spec, dataset, workload, plan, seed=seed, run_s=run_s, ideal=ideal, rounds=rounds
+    ) as run:
+        epochs = workload.epochs if workload.mode == "epochs" else 1
+        firsts: list[float] = []
+        samples = batches = 0
+        source: Iterable[Any] = run.loader
+        filled: float | None = None
+        if workload.mode == "steady" and run.time_bound is not None and plan.fill_s > 0:
+            start = time.perf_counter()
+            source = iter(run.loader)
+            filled = iterate(source, min_batches=1, seconds=plan.fill_s, t0=start)[2]
+        own0 = _monitor_overhead(run.loader)
+        with Meter(baseline) as meter:
+            t0 = time.perf_counter()
+            for _ in range(epochs):
+                s, b, first, _ = iterate(
+                    source,
+                    min_batches=run.min_batches,
+                    seconds=None if workload.mode == "epochs" else run.time_bound,
+                    t0=time.perf_counter(),
+                )
+                samples, batches = samples + s, batches + b
+                firsts.append(first if filled is None else filled)
+            seconds = time.perf_counter() - t0
+        del source
+        own1 = _monitor_overhead(run.loader)
+    usage = meter.usage
+    assert usage is not None  # set by Meter.__exit__
+    return RunSample(
+        seconds=seconds,
+        samples=samples,
+        batches=batches,
+        first_batch_s=firsts[0],
+        main_cpu_s=usage.main_cpu_s,
+        tree_cpu_s=usage.tree_cpu_s,
+        peak_pss_bytes=usage.peak_pss_bytes,
+        epoch_first_batch_s=tuple(firsts) if workload.mode == "epochs" else (),
+        monitor_overhead_s=own1 - own0 if own0 is not None and own1 is not None else None,
+    )
+
+
+def _monitor_overhead(loader: Any) -> float | None:
+    """Bookkeeping seconds so far of a loader wrapped in ``stoker.watch``, else None."""
+    summary = getattr(loader, "summary", None)
+    return float(summary().overhead_s) if callable(summary) else None

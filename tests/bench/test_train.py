@@ -1,0 +1,158 @@
+"""The train family's accounting (an injected clock and a fake step: no timing asserts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from stoker.bench._json import from_json, to_json
+from stoker.bench._report import render, verdict
+from stoker.bench._train import CpuStep, GpuLikeStep, make_step, train_loop
+from stoker.bench._train_result import TrainContender, TrainSample, TrainTable
+from stoker.errors import ConfigError
+
+from ._factories import result, workload
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _source(clock: FakeClock, waits: list[float]) -> Iterator[int]:
+    """Batches 0, 1, ...; fetching batch i advances the clock by waits[i]."""
+    for i, wait in enumerate(waits):
+        clock.now += wait
+        yield i
+
+
+def test_wait_and_step_time_are_told_apart() -> None:
+    clock = FakeClock()
+    seen: list[int] = []
+
+    def step(batch: int) -> None:
+        seen.append(batch)
+        clock.now += 0.02
+
+    sample = train_loop(_source(clock, [0.5, 0.0, 0.1, 0.0, 0.0]), step, seconds=0.65, clock=clock)
+    # Steps end at 0.52, 0.54, 0.66: the third is the first to end 0.65 s after the start.
+    assert sample is not None and sample.steps == 3
+    assert sample.seconds == pytest.approx(0.66)
+    assert sample.wait_s == pytest.approx(0.6) and sample.step_s == pytest.approx(0.06)
+    assert seen == [0, 1, 2]
+    assert sample.steps_per_s == pytest.approx(3 / 0.66)
+    assert sample.wait_share == pytest.approx(0.6 / 0.66)
+    assert sample.step_ms == pytest.approx(20.0)
+
+
+def test_min_steps_outlast_the_time_and_a_short_source_ends_the_run() -> None:
+    clock = FakeClock()
+
+    def step(batch: int) -> None:
+        clock.now += 1.0
+
+    long = train_loop(_source(clock, [0.0] * 10), step, seconds=0.5, min_steps=4, clock=clock)
+    assert long is not None and long.steps == 4 and long.seconds == pytest.approx(4.0)
+    short = train_loop(_source(clock, [0.0] * 2), step, seconds=100.0, clock=clock)
+    assert short is not None and short.steps == 2
+    assert train_loop(iter([]), step, seconds=1.0, clock=clock) is None
+
+
+def _table(*, memory_ms: float = 20.0) -> TrainTable:
+    def runs(rate: float, step_ms: float, wait: float = 0.1) -> tuple[TrainSample, ...]:
+        steps = int(rate * 2)
+        return (TrainSample(2.0, steps, wait * 2.0, steps * step_ms / 1000),)
+
+    return TrainTable(
+        shape="gpu",
+        description="launch then wait",
+        memory=runs(44.0, memory_ms, 0.0),
+        contenders=(
+            TrainContender(
+                "stoker auto", "stoker", ("stoker-auto",), {"num_workers": "auto"}, runs(42.0, 21.0)
+            ),
+            TrainContender(
+                "stoker nw=2", "stoker", ("stoker",), {"num_workers": 2}, runs(40.0, 22.0)
+            ),
+            TrainContender(
+                "torch nw=2 pf=2",
+                "torch",
+                ("torch-same",),
+                {"num_workers": 2},
+                runs(30.0, 25.0, 0.3),
+            ),
+            TrainContender(
+                "torch nw=4 pf=4", "torch", ("torch-best",), {"num_workers": 4}, runs(35.0, 24.0)
+            ),
+            TrainContender(
+                "spdl threads=8", "spdl", ("optional",), {"num_workers": 8}, error="RuntimeError: x"
+            ),
+        ),
+    )
+
+
+def test_table_reads_best_ratio_and_the_steps_slowdown() -> None:
+    t = _table()
+    best = t.best("torch")
+    assert best is not None and best.name == "torch nw=4 pf=4"
+    auto = t.with_role("stoker-auto")
+    assert auto is not None
+    assert t.ratio_to_best(auto) == pytest.approx(42 / 35)
+    assert t.slowdown(auto) == pytest.approx(21 / 20)
+    assert t.memory_steps_per_s == pytest.approx(44.0)
+    assert t.best("spdl") is None  # it failed: no best, no comparison
+
+
+def test_train_table_survives_json_leads_the_verdict_and_is_rendered() -> None:
+    w = dataclasses.replace(workload(), train=(_table(),))
+    doc = json.loads(json.dumps(to_json(result(w))))
+    assert from_json(doc) == result(w)
+    parts = verdict(w).split("; ")
+    assert parts[0] == "train gpu: stoker auto 1.20x faster than torch's best (torch nw=4 pf=4)"
+    buf = io.StringIO()
+    render(result(w), Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert text.index("train gpu") < text.index("loader only")
+    for expected in ("fed from memory", "steps/s", "data wait", "1.05x", "failed: RuntimeError"):
+        assert expected in text
+
+
+def test_documents_without_train_tables_still_read() -> None:
+    doc = to_json(result())
+    del doc["workloads"][0]["train"]
+    assert from_json(doc).workloads[0].train == ()
+
+
+def test_bad_samples_are_refused() -> None:
+    with pytest.raises(ConfigError, match="at least one step"):
+        TrainSample(1.0, 0, 0.0, 0.0)
+    with pytest.raises(ConfigError, match="`seconds`"):
+        TrainSample(0.0, 1, 0.0, 0.0)
+
+
+def test_the_steps_do_their_work_on_a_batch() -> None:
+    import torch
+
+    batch: Any = (torch.zeros(4, 8), torch.arange(4))
+    gpu = GpuLikeStep(ops=10, wait_s=0.0)
+    gpu(batch)
+    assert float(gpu.x[0]) == 10.0  # every launch op ran
+    assert GpuLikeStep.calibrated().ops >= 1
+    cpu = CpuStep()
+    before = [p.detach().clone() for p in cpu.model.parameters()]
+    cpu(batch)
+    assert any(not torch.equal(a, b) for a, b in zip(before, cpu.model.parameters(), strict=True))
+    assert isinstance(make_step("cpu"), CpuStep)
+    with pytest.raises(ValueError, match="unknown step shape 'tpu'"):
+        make_step("tpu")
