@@ -10,7 +10,8 @@ from typing import Any, cast
 
 import torch
 
-from stoker.bench._workloads import Workload, consume, get_workload
+from stoker._commands.step import consume
+from stoker.bench._workloads import Workload, get_workload
 
 
 def endless_sampler(dataset: Any) -> torch.utils.data.RandomSampler:

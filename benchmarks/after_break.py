@@ -19,8 +19,8 @@ import time
 import psutil
 from _common import contender, contenders_parser, open_workload
 
+from stoker._commands.step import consume
 from stoker.bench._plan import SeededSampler
-from stoker.bench._workloads import consume
 
 
 def _tree_cpu_s() -> float:

@@ -33,8 +33,9 @@ import torch.utils.data as tud
 from _common import endless_sampler
 
 import stoker
+from stoker._commands.step import consume
 from stoker.bench._contenders import close_loader
-from stoker.bench._workloads import consume, get_workload
+from stoker.bench._workloads import get_workload
 
 
 def spin(seconds: float) -> None:

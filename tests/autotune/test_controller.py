@@ -424,7 +424,7 @@ def test_a_shrink_is_judged_against_a_measured_rate_not_the_start_up_burst():
     assert ctrl.observe(pipe.interval(16)) is None  # the burst interval only
     decision = ctrl.observe(pipe.interval(16))
     assert decision is not None and decision.workers == 8
-    assert ctrl._trial is not None and ctrl._trial[2] == pipe.interval(16).batches / 0.2
+    assert ctrl._trial is not None and ctrl._trial.rate == pipe.interval(16).batches / 0.2
 
 
 def test_a_measured_share_shrinks_an_oversubscribed_pool_straight_to_the_need_unjudged():

@@ -9,6 +9,11 @@ spent queued for a core (schedstat's run delay, where Linux has it), measures th
 Its mean, as a share of the switch interval, reads near 0 when the GIL is mostly free and near
 1 when some thread holds it all the time. Thread workers pay that wait at every return from a
 sleep, a read or a GIL-free numpy or torch call.
+
+It reads a loop that launches many small torch ops as free, though: each op gives the GIL up,
+and the sentinel gets it then; a thread worker gets it too, and the op after waits for it. So
+each reading also carries the share of its wall time that the thread which started the meter
+(the training loop's) spent on a CPU.
 """
 
 from __future__ import annotations
@@ -40,18 +45,33 @@ class GilMeter:
         self._waited = 0.0
         self._count = 0
         self._skip = 0  # readings still to leave out
-        self._readings: list[tuple[float, float]] = []  # (when it ended, share)
+        self._readings: list[tuple[float, float, float | None]] = []  # (end, share, loop CPU)
+        self._loop_clock: int | None = None  # the CPU clock of the thread that started it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start the sentinel; the calling thread is the loop whose CPU share is read."""
         if self._thread is None:
+            try:
+                self._loop_clock = time.pthread_getcpuclockid(threading.get_ident())
+            except (AttributeError, OSError):  # not on this platform
+                self._loop_clock = None
             self._thread = threading.Thread(target=self._run, name="stoker-gil-meter", daemon=True)
             self._thread.start()
+
+    def _loop_cpu(self) -> float | None:
+        if self._loop_clock is None:
+            return None
+        try:
+            return time.clock_gettime(self._loop_clock)
+        except OSError:  # the loop's thread ended
+            return None
 
     def _run(self) -> None:
         stop, period = self._stop, self.period_s
         sched = thread_sched_seconds()
+        began, loop0 = time.perf_counter(), self._loop_cpu()
         while True:
             t0 = time.perf_counter()
             if stop.wait(period):
@@ -70,10 +90,15 @@ class GilMeter:
                     continue
                 share = min(1.0, self._waited / self._count / sys.getswitchinterval())
                 self._waited, self._count = 0.0, 0
+                loop1 = self._loop_cpu()
+                cpu = None
+                if loop0 is not None and loop1 is not None and now > began:
+                    cpu = min(1.0, max(0.0, (loop1 - loop0) / (now - began)))
+                began, loop0 = now, loop1
                 if self._skip:
                     self._skip -= 1
                 else:
-                    self._readings.append((now, share))
+                    self._readings.append((now, share, cpu))
 
     def disturb(self, since: float) -> None:
         """Something that holds the GIL happened after ``since`` (a ``time.perf_counter()``
@@ -88,7 +113,14 @@ class GilMeter:
         """The readings so far, oldest first: mean wait for the GIL per wake-up, as a share of
         the switch interval (0 to 1)."""
         with self._lock:
-            return [share for _, share in self._readings]
+            return [share for _, share, _ in self._readings]
+
+    def loop_cpu(self) -> list[float]:
+        """The same readings' share of wall time the loop's thread spent on a CPU (0 to 1),
+        oldest first; empty where that thread's CPU clock cannot be read."""
+        with self._lock:
+            cpus = [cpu for _, _, cpu in self._readings]
+        return [c for c in cpus if c is not None] if None not in cpus else []
 
     def close(self) -> None:
         self._stop.set()

@@ -30,9 +30,7 @@ __all__ = ["CONTROL_INTERVAL_S", "AutoScaler", "capacity_for"]
 CONTROL_INTERVAL_S = 0.2
 # The first measured interval, from the first delivery, as a share of CONTROL_INTERVAL_S:
 # starting from too few workers shows at once (the consumer waits, cores sit idle), and a
-# change it gets wrong is a trial, taken back on the rate. (The bench's large workload from
-# one worker: the second worker started 0.27 s after the first batch, now by the next
-# batch, 0.07 s at most in two timelines.)
+# change it gets wrong is a trial, taken back on the rate.
 FIRST_INTERVAL_SHARE = 0.25
 # The scaler's clock (tests drive it by hand).
 _clock = time.monotonic
@@ -120,9 +118,8 @@ class AutoScaler:
         the pool from measurements), or after :data:`SLOW_START_INTERVALS`.
 
         Only as many workers as the window feeds start at first; the rest start as it widens.
-        Started at once, they would cost a fork, a start-up and a slow first batch each (14
-        surplus processes on 2 cores delivered decoding at 0.55x the rate of 2, measured on
-        the bench's ``jpeg``), on cores that the loading keeps busy.
+        Started at once, they would cost a fork, a start-up and a slow first batch each, on
+        cores that the loading keeps busy.
         """
         cores = usable_cores()
         self.window = cores if workers > cores else None
@@ -141,8 +138,7 @@ class AutoScaler:
 
         Until then the consumer waits for a whole batch's latency, and a pause between
         epochs (an evaluation) lies in the interval too: neither says how many workers the
-        loading needs. Measured as starvation, the fill grew the bench's ``heavytail`` pool
-        by 1-3 threads at every epoch that followed a 4 s pause (8 -> 10 -> 13).
+        loading needs: measured as starvation, it would grow the pool after every pause.
         """
         self._settled = None
 
@@ -217,7 +213,7 @@ class AutoScaler:
             on_added: called with the id of each worker started (to bring it up to date).
         """
         now = _clock()
-        t_last, wait_last, busy_last, cpu_last, batches_last = self._last
+        t_last = self._last[0]
         if self._settled is None:
             if delivered == 0:
                 return None
@@ -230,6 +226,29 @@ class AutoScaler:
             return None
         if now - t_last < CONTROL_INTERVAL_S * (FIRST_INTERVAL_SHARE if self._first else 1.0):
             return None
+        obs = self._observe(pool, now, wait_s, busy_s, delivered)
+        decision = self.controller.observe(obs)
+        if self.window is not None:
+            self._follow_window(pool, obs, decision, now, on_added)
+        if decision is None:
+            return None
+        if decision.workers != obs.workers:
+            self._settled = now + CONTROL_INTERVAL_S / 2
+        running = self.running(pool)
+        # Workers still retiring hold their places: start what fits now; the next interval
+        # sees the count actually running, and the controller decides from that.
+        for _ in range(min(decision.workers - running, pool.room())):
+            on_added(pool.add())
+        if running > decision.workers:
+            pool.retire(running - decision.workers)
+            self.retiring += running - decision.workers
+        return decision
+
+    def _observe(
+        self, pool: Any, now: float, wait_s: float, busy_s: float, delivered: int
+    ) -> Observation:
+        """The interval since the last one, measured; starts the next."""
+        t_last, wait_last, busy_last, cpu_last, batches_last = self._last
         cpu, main_cpu = self._cpu_seconds(pool)
         main_last, self._main_cpu = self._main_cpu, main_cpu
         sampled, self._blocked = self._blocked, None
@@ -255,7 +274,7 @@ class AutoScaler:
             memory_ok=psutil.virtual_memory().available > RAM_RESERVE_BYTES,
             batches=max(0, delivered - batches_last),
             # Start-up, or workers still retiring (their in-flight batches hold up delivery)
-            settling=t_last < self._settled or self.retiring > 0 or self._was_retiring,
+            settling=t_last < (self._settled or 0.0) or self.retiring > 0 or self._was_retiring,
             idle_cores=idle_cores,
             blocked_s=sampled[1] if sampled is not None else None,
             running_s=sampled[0] if sampled is not None else None,
@@ -267,43 +286,44 @@ class AutoScaler:
         self._last = (now, wait_s, busy_s, cpu, delivered)
         if not obs.settling:
             self._first = False
-        decision = self.controller.observe(obs)
-        if self.window is not None:
-            self._window_intervals += 1
-            if (
-                decision is not None and decision.workers != obs.workers
-            ) or self._window_intervals >= SLOW_START_INTERVALS:
-                self.end_slow_start()
-            elif not obs.settling and idle_cores is not None and idle_cores >= MIN_HEADROOM:
-                self._idle_intervals += 1
-            else:
-                self._idle_intervals = 0
-            if self.window is not None and self._idle_intervals >= WIDEN_INTERVALS:
-                # As many more batches as the idle cores would feed at the current use (at
-                # least double, at most eightfold): waiting loading opens up in a step or two.
-                # (Not from a start-up interval: cores idle while workers start; and not from
-                # one interval alone: a stalled consumer idles busy workers for a moment.)
-                self._idle_intervals = 0
-                assert idle_cores is not None
-                used = max(obs.cores - idle_cores, obs.cores / 8)
-                self.window = math.ceil(self.window * min(8.0, max(2.0, obs.cores / used)))
-                # ... and the workers of the slow start not started yet that it now feeds.
-                start = min(self.deferred, self.window - obs.workers, pool.room())
-                for _ in range(max(0, start)):
-                    on_added(pool.add())
-                self.deferred -= max(0, start)
-                if start > 0:
-                    self._settled = now + CONTROL_INTERVAL_S / 2
-        if decision is None:
-            return None
-        if decision.workers != obs.workers:
-            self._settled = now + CONTROL_INTERVAL_S / 2
-        running = self.running(pool)
-        # Workers still retiring hold their places: start what fits now; the next interval
-        # sees the count actually running, and the controller decides from that.
-        for _ in range(min(decision.workers - running, pool.room())):
+        return obs
+
+    def _follow_window(
+        self,
+        pool: Any,
+        obs: Observation,
+        decision: Decision | None,
+        now: float,
+        on_added: Callable[[int], None],
+    ) -> None:
+        """A slow start's window after an interval: lifted once the controller changed the
+        count or after :data:`SLOW_START_INTERVALS`, widened after idle intervals."""
+        assert self.window is not None
+        self._window_intervals += 1
+        if (
+            decision is not None and decision.workers != obs.workers
+        ) or self._window_intervals >= SLOW_START_INTERVALS:
+            self.end_slow_start()
+            return
+        idle_cores = obs.idle_cores
+        if not obs.settling and idle_cores is not None and idle_cores >= MIN_HEADROOM:
+            self._idle_intervals += 1
+        else:
+            self._idle_intervals = 0
+        if self._idle_intervals < WIDEN_INTERVALS:
+            return
+        # As many more batches as the idle cores would feed at the current use (at least
+        # double, at most eightfold): waiting loading opens up in a step or two. (Not from a
+        # start-up interval: cores idle while workers start; and not from one interval alone:
+        # a stalled consumer idles busy workers for a moment.)
+        self._idle_intervals = 0
+        assert idle_cores is not None
+        used = max(obs.cores - idle_cores, obs.cores / 8)
+        self.window = math.ceil(self.window * min(8.0, max(2.0, obs.cores / used)))
+        # ... and the workers of the slow start not started yet that it now feeds.
+        start = min(self.deferred, self.window - obs.workers, pool.room())
+        for _ in range(max(0, start)):
             on_added(pool.add())
-        if running > decision.workers:
-            pool.retire(running - decision.workers)
-            self.retiring += running - decision.workers
-        return decision
+        self.deferred -= max(0, start)
+        if start > 0:
+            self._settled = now + CONTROL_INTERVAL_S / 2

@@ -1,0 +1,88 @@
+"""Time to the first batch, and to the N-th, of ``num_workers="auto"`` against torch's loader.
+
+Each run is a fresh interpreter (nothing warm: imports done, dataset built, then the clock
+starts before the loader is built), contenders alternating, ``--runs`` runs each; printed are
+the medians of the time to the first batch and to ``--batches`` batches, and the backend the
+auto loader chose. Contenders are those of ``_common.contender`` (``auto``, ``torchN``, ...).
+
+Run: ``python benchmarks/first_batch.py jpeg auto torch0 torch2``
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from _common import contender, contenders_parser, open_workload
+
+from stoker._commands.step import consume
+
+
+def one_run(workload: str, kind: str, batches: int) -> dict[str, object]:
+    """In this interpreter: seconds to the first and the ``batches``-th batch."""
+    w, dataset = open_workload(workload)
+    sampler = list(range(len(dataset)))
+    t0 = time.perf_counter()
+    loader = contender(kind, dataset, w.batch_size, sampler)
+    it = iter(loader)
+    consume(next(it))
+    first = time.perf_counter() - t0
+    for _ in range(batches - 1):
+        consume(next(it))
+    nth = time.perf_counter() - t0
+    stats = getattr(loader, "stats", None)
+    notes = stats().notes if callable(stats) else []
+    backend = getattr(loader, "_resolved_backend", "")
+    return {"first": first, "nth": nth, "backend": backend, "notes": notes[:1]}
+
+
+def main() -> None:
+    parser = contenders_parser(__doc__ or "")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--child", action="store_true", help=argparse_hidden())
+    args = parser.parse_args()
+    if args.child:
+        result = one_run(args.workload, args.contenders[0], args.batches)
+        print(json.dumps(result, default=str))
+        return
+    found: dict[str, list[dict[str, object]]] = {kind: [] for kind in args.contenders}
+    for _ in range(args.runs):
+        for kind in args.contenders:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    args.workload,
+                    kind,
+                    "--child",
+                    "--batches",
+                    str(args.batches),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            found[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{args.workload}: medians of {args.runs} fresh interpreters")
+    for kind, runs in found.items():
+        first = statistics.median(float(r["first"]) for r in runs)  # type: ignore[arg-type]
+        nth = statistics.median(float(r["nth"]) for r in runs)  # type: ignore[arg-type]
+        firsts = " ".join(f"{float(r['first']):.2f}" for r in runs)  # type: ignore[arg-type]
+        backends = sorted({str(r["backend"]) for r in runs})
+        print(
+            f"  {kind:<10} first batch {first:6.3f} s  {args.batches} batches {nth:6.3f} s  "
+            f"(firsts {firsts}) {','.join(b for b in backends if b)}",
+            flush=True,
+        )
+
+
+def argparse_hidden() -> str:
+    return "run one contender in this interpreter and print JSON (internal)"
+
+
+if __name__ == "__main__":
+    main()
