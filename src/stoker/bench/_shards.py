@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from stoker.bench._jpeg import (
 from stoker.bench._workloads import Workload, cache_dir, register
 from stoker.shards import IncompleteShardsError, ShardDataset, pack
 
-__all__ = ["JpegFilesSource", "ShardJpegDataset", "ensure_shards"]
+__all__ = ["JpegFilesSource", "ShardJpegDataset", "augment", "ensure_shards"]
 
 SHARD_DIR = "jpeg-v1-shards-{count}"
 SHARD_SIZE = 32 * 1000 * 1000
@@ -83,19 +85,27 @@ class ShardJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         return len(self.shards)
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
+        return augment(self.shards.raw(idx))
 
-        sample = self.shards.raw(idx)
-        with Image.open(io.BytesIO(sample["jpg"])) as encoded:
-            img = encoded.convert("RGB")
-        box = random_resized_crop_box(img.width, img.height)
-        img = img.resize((OUT_SIZE, OUT_SIZE), Image.Resampling.BILINEAR, box=box)
-        arr = np.asarray(img, dtype=np.float32)
-        if torch.rand(1).item() < 0.5:
-            arr = arr[:, ::-1]
-        arr = (arr * (1 / 255) - MEAN) / STD
-        label = int(bytes(sample["cls"]))
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))), label
+
+def augment(sample: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
+    """Decode a sample's ``jpg``, crop, flip and normalize it; its ``cls`` is the label.
+
+    Shared by every reader of the bench's JPEG shards (the ``shards`` and ``remote``
+    workloads), so that they all do the same work per sample.
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(sample["jpg"])) as encoded:
+        img = encoded.convert("RGB")
+    box = random_resized_crop_box(img.width, img.height)
+    img = img.resize((OUT_SIZE, OUT_SIZE), Image.Resampling.BILINEAR, box=box)
+    arr = np.asarray(img, dtype=np.float32)
+    if torch.rand(1).item() < 0.5:
+        arr = arr[:, ::-1]
+    arr = (arr * (1 / 255) - MEAN) / STD
+    label = int(bytes(sample["cls"]))
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))), label
 
 
 def _shards(quick: bool) -> ShardJpegDataset:

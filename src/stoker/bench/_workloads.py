@@ -36,6 +36,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "stoker.bench._synthetic",
     "stoker.bench._jpeg",
     "stoker.bench._shards",
+    "stoker.bench._remote",
 )
 
 Mode = Literal["steady", "epochs"]
@@ -66,6 +67,10 @@ class Workload:
             torch's ``default_collate``), so that it bounds them all. ``False`` where a loader
             can skip part of it: the table and verdict then give no "% ideal". Default
             ``True``.
+        runner: for a workload that measures its own contenders (each reading its own copy
+            of the data, as the ``remote`` workload's libraries do):
+            ``runner(workload, plan, quick, report)`` returns its ``WorkloadResult`` in place
+            of the harness's procedure. Default ``None``.
     """
 
     name: str
@@ -80,6 +85,7 @@ class Workload:
         "usable cores / single-process CPU seconds per sample (fetch + collate, measured first)"
     )
     ideal_is_limit: bool = True
+    runner: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
