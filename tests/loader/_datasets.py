@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import os
 import random
+import signal
 import threading
 import time
 import warnings
@@ -521,3 +522,47 @@ def tagging_collate(batch: list[int]) -> dict[str, Any]:
 def failing_collate(batch: list[Any]) -> Any:
     """A collate_fn that always fails."""
     raise SampleError(f"collate_fn refused a batch of {len(batch)}")
+
+
+class GatedStreams(IterableDataset[int]):
+    """Worker ``w`` of two yields ``range(w * n, (w + 1) * n)``; worker 0's first item waits
+    until worker 1's stream has ended (it then creates the file ``gate``), so worker 0 is stuck
+    on a slow item for as long as worker 1 has items to give, without relying on timing (the
+    wait gives up after ``GATE_TIMEOUT_S``)."""
+
+    def __init__(self, n: int, gate: str) -> None:
+        self.n = n
+        self.gate = gate
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        for i in range(worker * self.n, (worker + 1) * self.n):
+            if i == 0:
+                deadline = time.monotonic() + GATE_TIMEOUT_S
+                while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                    time.sleep(GATE_POLL_S)
+            yield i
+        if worker == 1:
+            with open(self.gate, "w"):
+                pass
+
+
+class SelfKillingDataset(Dataset[int]):
+    """``ds[i] == i``; loading index ``victim`` writes the worker's pid to ``pid_file`` and
+    kills the worker with SIGKILL."""
+
+    def __init__(self, n: int, victim: int, pid_file: str) -> None:
+        self.n = n
+        self.victim = victim
+        self.pid_file = pid_file
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.victim:
+            with open(self.pid_file, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return index

@@ -22,6 +22,7 @@ from _datasets import (
     HANG_SAMPLE_S,
     USER_SEED,
     FailingDataset,
+    GatedStreams,
     GetitemsDataset,
     GrowingBatchSampler,
     GrowingDataset,
@@ -35,6 +36,7 @@ from _datasets import (
     RichDataset,
     SampleError,
     SeedReportDataset,
+    SelfKillingDataset,
     ShardedIterable,
     SlowDataset,
     UnshardedIterable,
@@ -560,6 +562,49 @@ def test_in_order_flag_delivers_every_batch_once(
         assert sorted(got) == expected
 
 
+@pytest.mark.parametrize(("kind", "workers", "start"), cases(FORK))
+def test_out_of_order_iterable_delivers_each_stream_as_it_completes(
+    kind: str, workers: int, start: str | None, tmp_path: Any
+) -> None:
+    """torch's in_order=False: a worker stuck on a slow item holds back only its own stream;
+    the other worker is given its tasks and delivers its whole stream meanwhile."""
+    dataset = GatedStreams(5, str(tmp_path / "gate"))
+    loader = make_loader(kind, dataset, workers, start, batch_size=None, in_order=False)
+    got = [int(x) for x in loader]
+    assert got[:4] == [5, 6, 7, 8], got  # the stuck worker's items come after
+    assert [x for x in got if x < 5] == [0, 1, 2, 3, 4]
+    assert [x for x in got if x >= 5] == [5, 6, 7, 8, 9]
+
+
+def _shuffled_pipe(n: int) -> Any:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(list(range(n))).shuffle(buffer_size=7).sharding_filter()
+
+
+@pytest.mark.parametrize(("kind", "workers", "start", "persistent"), EPOCH_CASES)
+def test_datapipe_shuffle_follows_torchs_shared_seed(
+    kind: str, workers: int, start: str | None, persistent: bool
+) -> None:
+    """A datapipe's shuffle is seeded, in every worker, from one seed per epoch drawn from the
+    global generator: torch's order for the same ``torch.manual_seed`` and worker count,
+    each sample once, again with the same seed, another with another seed."""
+    extra = {"persistent_workers": persistent} if workers else {}
+    loaders = [
+        make_loader(k, _shuffled_pipe(40), workers, start, shuffle=True, **extra)
+        for k in ("torch", kind)
+    ]
+    runs: dict[int, list[list[int]]] = {}
+    for seed in (123, 123, 321):
+        for loader in loaders:
+            torch.manual_seed(seed)
+            runs.setdefault(id(loader), []).append([int(x) for x in loader])
+    reference, got = runs[id(loaders[0])], runs[id(loaders[1])]
+    assert got == reference
+    assert sorted(got[0]) == list(range(40))
+    assert got[0] == got[1] != got[2]
+
+
 # -- batch contents ----------------------------------------------------------------------------
 
 
@@ -686,6 +731,23 @@ def test_timeout_raises_runtime_error(kind: str) -> None:
     assert str(LOADER_TIMEOUT_S) in str(exc)
 
 
+@pytest.mark.parametrize("kind", ["torch", "stoker"])
+def test_killed_worker_error_carries_torchs_sentence(kind: str, tmp_path: Any) -> None:
+    """Log scrapers and retry rules match torch's words for a worker killed by a signal: they
+    are in the error (torch puts them in the cause of the error it raises)."""
+    pid_file = tmp_path / "pid"
+    dataset = SelfKillingDataset(8, victim=5, pid_file=str(pid_file))
+    loader = make_loader(kind, dataset, 2, "fork", batch_size=2)
+    exc, _ = iterate_until_error(loader, RuntimeError)
+    chain = []
+    cause: BaseException | None = exc
+    while cause is not None:
+        chain.append(str(cause))
+        cause = cause.__cause__
+    sentence = f"DataLoader worker (pid {pid_file.read_text()}) is killed by signal: Killed."
+    assert any(sentence in message for message in chain), chain
+
+
 # -- constructor validation --------------------------------------------------------------------
 
 _SAMPLER = tud.SequentialSampler(range(4))
@@ -723,6 +785,19 @@ _INVALID: dict[str, tuple[Any, dict[str, Any]]] = {
         {"num_workers": 2, "multiprocessing_context": "teleport"},
     ),
     "context-of-wrong-type": (RangeDataset(4), {"num_workers": 2, "multiprocessing_context": 5}),
+    # Values stoker's own type checks reject alone: in these combinations torch's error wins.
+    "sampler-and-shuffle-3": (RangeDataset(4), {"sampler": _SAMPLER, "shuffle": 3}),
+    "batch-sampler-sampler-and-shuffle-3": (
+        RangeDataset(4),
+        {"batch_sampler": _BATCH_SAMPLER, "sampler": _SAMPLER, "shuffle": 3},
+    ),
+    "batch-sampler-and-drop-last-3": (
+        RangeDataset(4),
+        {"batch_sampler": _BATCH_SAMPLER, "drop_last": 3},
+    ),
+    "iterable-and-shuffle-3": (ShardedIterable(4), {"shuffle": 3}),
+    "iterable-and-sampler-3": (ShardedIterable(4), {"sampler": 3}),
+    "iterable-and-batch-sampler-3": (ShardedIterable(4), {"batch_sampler": 3}),
 }
 
 

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data as tud
 
 from stoker.errors import ConfigError, ConfigTypeError
 
-__all__ = ["BACKENDS", "SHM_MODES", "check_arguments"]
+__all__ = ["BACKENDS", "SHM_MODES", "check_arguments", "torch_rejects_combination"]
 
 BACKENDS = ("process", "thread", "auto")
 SHM_MODES = ("auto", "require")
@@ -58,14 +59,50 @@ def _check_iterable(name: str, value: Any, what: str) -> None:
         raise ConfigTypeError(f"`{name}` must be {what}, or None. {_found(value)}")
 
 
+def torch_rejects_combination(
+    dataset: Any, shuffle: Any, sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: Any
+) -> bool:
+    """Whether torch's constructor rejects this combination of sampling arguments with its own
+    ``ValueError`` (``shuffle=3`` with a ``sampler``, any ``sampler`` with an iterable dataset):
+    stoker then leaves those arguments' types unchecked, so torch's message is the one seen."""
+    if isinstance(dataset, tud.IterableDataset):
+        datapipe = isinstance(dataset, tud.IterDataPipe)  # torch applies its shuffle setting
+        return (not datapipe and not _is_false_or_none(shuffle)) or (
+            sampler is not None or batch_sampler is not None
+        )
+    shuffled = _truthy(shuffle)
+    if sampler is not None and shuffled:
+        return True
+    if batch_sampler is not None:
+        return batch_size != 1 or shuffled or sampler is not None or _truthy(drop_last)
+    return batch_size is None and _truthy(drop_last)
+
+
+def _is_false_or_none(value: Any) -> bool:
+    try:
+        return value in {False, None}  # torch's test: 0 and 0.0 count as False
+    except TypeError:  # unhashable
+        return False
+
+
+def _truthy(value: Any) -> bool:
+    try:
+        return bool(value)
+    except Exception:  # torch's own bool() call raises it: ours need not decide
+        return False
+
+
 def check_arguments(
     *,
+    dataset: Any,
+    batch_size: Any,
     shuffle: Any,
     sampler: Any,
     batch_sampler: Any,
     num_workers: Any,
     collate_fn: Any,
     pin_memory: Any,
+    drop_last: Any,
     timeout: Any,
     worker_init_fn: Any,
     generator: Any,
@@ -83,13 +120,41 @@ def check_arguments(
 
     ``on_error``/``max_failures`` are checked by :class:`stoker.faults.FailurePolicy`,
     ``device`` by :func:`stoker.device.resolve_device`, and ``dataset``, ``batch_size``,
-    ``drop_last`` and ``multiprocessing_context`` by torch's constructor.
+    ``drop_last`` and ``multiprocessing_context`` by torch's constructor. Where torch rejects
+    the combination of ``shuffle``, ``sampler``, ``batch_sampler``, ``batch_size`` and
+    ``drop_last``, their types are left unchecked, so torch's error and message come first.
 
     Raises:
         ConfigTypeError: an argument of the wrong type (a ``TypeError`` and a ``ValueError``).
         ConfigError: a value of the right type that stoker cannot use (``prefetch_factor=0``,
             ``timeout=nan``, ``backend="gpu"``, ``max_worker_restarts=-1``).
     """
+    _check_counts(num_workers, prefetch_factor, timeout, max_worker_restarts)
+    if not torch_rejects_combination(
+        dataset, shuffle, sampler, batch_sampler, batch_size, drop_last
+    ):
+        _check_bool("shuffle", shuffle, none=True)
+        _check_iterable("sampler", sampler, "an iterable of indices (a torch Sampler, a list)")
+        _check_iterable(
+            "batch_sampler", batch_sampler, "an iterable of lists of indices (a torch BatchSampler)"
+        )
+    _check_bool("pin_memory", pin_memory)
+    _check_bool("persistent_workers", persistent_workers, none=True)
+    _check_bool("in_order", in_order)
+    _check_bool("distributed", distributed)
+    _check_callable("collate_fn", collate_fn, "that merges a list of samples into a batch")
+    _check_callable("worker_init_fn", worker_init_fn, "called with each worker's id")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ConfigTypeError(
+            "`generator` must be a torch.Generator, e.g. `torch.Generator().manual_seed(0)`, or "
+            f"None. {_found(generator)}"
+        )
+    _check_extras(pin_memory_device, shm, backend, config)
+
+
+def _check_counts(
+    num_workers: Any, prefetch_factor: Any, timeout: Any, max_worker_restarts: Any
+) -> None:
     if not (_is_int(num_workers) or num_workers == "auto"):
         hint = " (a bool: pass 1 or 0)" if isinstance(num_workers, bool) else ""
         raise ConfigTypeError(
@@ -114,22 +179,17 @@ def check_arguments(
         raise ConfigError(
             "`timeout` must be a number of seconds >= 0 (0 waits forever). Found: nan."
         )
-    _check_bool("shuffle", shuffle, none=True)
-    _check_bool("pin_memory", pin_memory)
-    _check_bool("persistent_workers", persistent_workers, none=True)
-    _check_bool("in_order", in_order)
-    _check_bool("distributed", distributed)
-    _check_iterable("sampler", sampler, "an iterable of indices (a torch Sampler, a list)")
-    _check_iterable(
-        "batch_sampler", batch_sampler, "an iterable of lists of indices (a torch BatchSampler)"
-    )
-    _check_callable("collate_fn", collate_fn, "that merges a list of samples into a batch")
-    _check_callable("worker_init_fn", worker_init_fn, "called with each worker's id")
-    if generator is not None and not isinstance(generator, torch.Generator):
+    if not _is_int(max_worker_restarts):
         raise ConfigTypeError(
-            "`generator` must be a torch.Generator, e.g. `torch.Generator().manual_seed(0)`, or "
-            f"None. {_found(generator)}"
+            f"`max_worker_restarts` must be an int >= 0. {_found(max_worker_restarts)}"
         )
+    if max_worker_restarts < 0:
+        raise ConfigError(
+            f"`max_worker_restarts` must be an int >= 0. Found: {max_worker_restarts}."
+        )
+
+
+def _check_extras(pin_memory_device: Any, shm: Any, backend: Any, config: Any) -> None:
     if not isinstance(pin_memory_device, str):
         raise ConfigTypeError(
             f"`pin_memory_device` must be a str (deprecated in torch: leave it out). "
@@ -147,14 +207,6 @@ def check_arguments(
     if backend is not None and backend not in BACKENDS:
         raise ConfigError(
             f"`backend` must be one of {', '.join(map(repr, BACKENDS))}. Found: {backend!r}."
-        )
-    if not _is_int(max_worker_restarts):
-        raise ConfigTypeError(
-            f"`max_worker_restarts` must be an int >= 0. {_found(max_worker_restarts)}"
-        )
-    if max_worker_restarts < 0:
-        raise ConfigError(
-            f"`max_worker_restarts` must be an int >= 0. Found: {max_worker_restarts}."
         )
     if config is not None and not isinstance(config, (str, os.PathLike)):
         raise ConfigTypeError(

@@ -29,10 +29,12 @@ from stoker._introspect.platform import shm_dir, shm_free_bytes, usable_cores
 from stoker.autotune._scaling import AutoScaler
 from stoker.errors import ConfigError, SharedMemoryError, WorkerError
 from stoker.faults import FailureTally
+from stoker.loader._datapipes import next_epoch_seed, seeded_per_epoch, sharding_worker_init
 from stoker.loader._dispatch import TaskBook, batch_task
 from stoker.loader._recovery import RecoveryMixin
 from stoker.loader._replies import ReplyMixin
 from stoker.loader._stats import LoaderStats, WorkerStats
+from stoker.loader._streams import StreamRouter
 from stoker.loader._switch import HandoverMixin, watch_workers
 from stoker.sampling._resume import EpochState, stateful, warn_fast_forward
 from stoker.sampling._seeding import epoch_seed
@@ -72,6 +74,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         check_main_guard()  # a spawn child re-importing a script without a __main__ guard
         rng_at_start = EpochState.capture_rng(loader.generator)
         super().__init__(loader)
+        self._dataset = seeded_per_epoch(self._dataset, self._shared_seed)  # datapipes: torch's
         self._pool: WorkerPool | ThreadPool | None = None
         self._book: TaskBook[tuple[tuple[Any, ...], Any]] = TaskBook(loader.in_order)
         self._in_order: bool = loader.in_order
@@ -90,7 +93,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._state: EpochState | None = None
         self._sampler_done = False
         self._active = [True] * self._num_workers
-        self._rr = itertools.cycle(range(self._num_workers))
+        self._streams = StreamRouter(self._num_workers, self._in_order)
         self._device = loader.device
         self._device_stage: Any = None
         self._tracker = AttributeTracker(self._dataset)
@@ -135,7 +138,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             "on_error": self._policy.on_error,
             "shm_require": loader.shm == "require",
         }
-        payload = self._payload = (self._dataset, self._collate_fn, loader.worker_init_fn)
+        init = sharding_worker_init(self._dataset, loader.worker_init_fn, self._world_size, self._rank)
+        payload = self._payload = (self._dataset, self._collate_fn, init)
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
         self._backend = fallback_backend(loader._resolved_backend, ctx.get_start_method())
         self._notes: list[str] = list(loader._backend_notes)
@@ -197,6 +201,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         if not first_iter:
             rng_at_start = EpochState.capture_rng(loader.generator)
             super()._reset(loader)
+            next_epoch_seed(self._dataset, self._shared_seed)
             self._iter_epoch += 1
         if resume is not None:
             self._base_seed, self._iter_epoch = resume.restore(
@@ -259,7 +264,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 self._scaler.new_epoch()
         self._sampler_done = False
         self._active = [True] * self._num_workers
-        self._rr = itertools.cycle(range(self._num_workers))
+        self._streams = StreamRouter(self._num_workers, self._in_order)
         self._wait_s = 0.0
         self._tally.new_epoch()
         changes = self._tracker.changes()
@@ -315,13 +320,9 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         while not self._sampler_done and book.outstanding < limit:
             worker = None
             if self._iterable:
-                for _ in range(self._num_workers):
-                    w = next(self._rr)
-                    if self._active[w]:
-                        worker = w
-                        break
-                else:
-                    self._sampler_done = True
+                worker = self._streams.pick(self._active, book.pending(), limit)
+                if worker is None:  # every stream ended, or (in_order=False) all at their share
+                    self._sampler_done = not any(self._active)
                     return
             try:
                 index = self._next_index()
@@ -338,6 +339,7 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             if worker is None:
                 pool.put_task(msg)
             else:
+                self._streams.sent(idx, worker)
                 pool.send_ctrl(worker, msg)
 
     def let_go(self, generation: int) -> None:

@@ -186,6 +186,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         shm: Shm = "auto",
     ) -> None:
         check_arguments(
+            dataset=dataset,
+            batch_size=batch_size,
+            drop_last=drop_last,
             shuffle=shuffle,
             sampler=sampler,
             batch_sampler=batch_sampler,
