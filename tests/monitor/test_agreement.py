@@ -122,3 +122,12 @@ def test_two_passes_each_have_a_start_up(tmp_path, capsys) -> None:
     assert live.startup_s == pytest.approx(2 * 0.040) and report.startup_s == pytest.approx(0.080)
     assert live.wait_fraction == pytest.approx(0.1) and report.wait_fraction == pytest.approx(0.1)
     assert report.elapsed_s == pytest.approx(live.elapsed_s) == pytest.approx(0.02 + 0.108 + 0.45)
+
+
+def test_an_interval_of_only_the_first_step_says_start_up(capsys) -> None:
+    clock = FakeClock()
+    w = Watch(SlowStart(clock, 0.010, [0.016, 0.001, 0.001]), clock=clock, every=1)
+    consume(w, clock, 0.009)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert w.reports[0].verdict == "short" and w.reports[0].action is None
+    assert first.endswith("| start-up only: first batch after 26 ms"), first

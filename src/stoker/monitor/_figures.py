@@ -149,10 +149,12 @@ def judge(
         A :class:`Judgement`; its action is ``None`` unless the verdict is mild or starved.
     """
     evidence = figures.evidence()
-    if figures.steady_steps < max(min_steps, 1):
+    if figures.steady_steps == 0:  # an interval of nothing but a pass's first step
+        return Judgement("short", evidence, None, evidence)
+    if figures.steady_steps < min_steps:
         text = (
             f"too short to judge: {figures.steady_steps} steps after start-up "
-            f"(the verdict needs {max(min_steps, 1)})"
+            f"(the verdict needs {min_steps})"
         )
         return Judgement("short", text, None, evidence)
     verdict, text, action = diagnose(

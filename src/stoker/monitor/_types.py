@@ -179,7 +179,7 @@ class HealthReport:
             else f"{self.steps_per_s:,.1f} steps/s"
         )
         text = f"step {self.step} | {rate} | {self.diagnosis}"
-        if self.verdict == "short":
+        if self.verdict == "short" and self.evidence != self.diagnosis:
             text += f" ({self.evidence})"
         if self.action:
             text += f" -> {self.action}"
