@@ -147,14 +147,14 @@ def test_a_timed_run_leaves_the_epochs_fill_untimed_and_its_first_batch_latency_
     """The first plan.fill_s seconds of the timed epoch (its pipeline filling) are loaded but
     neither timed nor counted; the first batch's latency is still measured from iter()."""
     from stoker.bench._contenders import ContenderSpec
-    from stoker.bench._harness import _timed_run
+    from stoker.bench._runs import timed_run
 
     bs, delay = 8, 0.01
     # Warm-up: one batch (torch, no workers); then the timed epoch's first batch is slow.
     dataset = SlowStart(slow=2 * bs, delay=delay)
     plan = _tiny_plan(fill_s=0.5, run_s=0.05)
     ideal = Ideal(cores=2, cpu_s_per_sample=2e-5, wall_s_per_sample=2e-5, samples=1)
-    sample = _timed_run(
+    sample = timed_run(
         ContenderSpec("torch", 0),
         dataset,
         _workload(batch_size=bs),
