@@ -10,11 +10,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.utils.data as tud
 
+from stoker.errors import ConfigError
 from stoker.shards._decode import Decode, make_decoder, select_fields
 from stoker.shards._index import ShardIndex, read_index
 from stoker.shards._limits import MAX_IMAGE_PIXELS
 from stoker.shards._reader import ShardReader, Verify
+from stoker.shards._remote import RemoteShards
 from stoker.shards._stream import ShardStream
+from stoker.store import ShardCache, StoreURL, parse_url
 
 if TYPE_CHECKING:
     from stoker.sampling import World
@@ -35,8 +38,13 @@ class ShardDataset(tud.Dataset[Any]):
     A sample is a dict ``{"__key__": key, "__shard__": shard name, ext: value, ...}``, or a
     tuple when ``fields`` is given.
 
+    From a URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``http(s)://``; see
+    docs/streaming.md) the index is fetched at once and each shard is downloaded whole into a
+    local cache on first use (by every process that reads it, once per machine); a stream
+    prefetches the shards it will read next.
+
     Args:
-        path: the shard directory.
+        path: the shard directory, or a store URL (``file://`` is a local path).
         decode: ``"bytes"`` (default; ``None`` means the same: each field copied out as
             ``bytes``, not decoded), ``"pil"``, ``"numpy"`` or ``"torch"`` (decode every
             known field, images into that type), a mapping from extension to a callable taking
@@ -49,12 +57,18 @@ class ShardDataset(tud.Dataset[Any]):
         max_image_pixels: with ``decode``, images declaring more pixels are refused before
             decoding, with a ``ShardError``. Default 89,478,485, Pillow's own threshold
             (Pillow's process-wide setting is neither read nor changed); ``None`` for no limit.
+        cache_dir: with a URL, the local cache folder (created 0700). Default ``None``:
+            ``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``.
+        cache_limit: with a URL, the cache's budget in bytes or as ``"20GB"``; least recently
+            used shards are evicted, never one a process has mapped. Default ``None``: none.
 
     Raises:
         IncompleteShardsError: if the directory has no complete index; the message names
             `stoker pack --resume` or `stoker index`.
         ShardError: if the index is invalid.
         CorruptShardError: with ``verify="full"``, if a shard is missing, truncated or altered.
+        StoreError: the store failed after retries (naming the URL, status and attempts).
+        StoreURLError: an unknown URL scheme, or ``cache_*`` given with a local path.
     """
 
     def __init__(
@@ -66,9 +80,24 @@ class ShardDataset(tud.Dataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         verify: Verify = "lazy",
         max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
-        self.path = Path(path)
-        self.index: ShardIndex = read_index(self.path)
+        where = parse_url(path)
+        self.remote: RemoteShards | None = None
+        if isinstance(where, StoreURL):
+            self.remote = RemoteShards(where, ShardCache(cache_dir, cache_limit))
+            self.path: Path | str = str(where)
+            self.index: ShardIndex = self.remote.index
+            directory = self.remote.cache.directory / "objects"
+        else:
+            if cache_dir is not None or cache_limit is not None:
+                raise ConfigError(
+                    "`cache_dir` and `cache_limit` apply to a store URL (s3://...); "
+                    f"{str(where)!r} is a local folder: drop them."
+                )
+            self.path = directory = where
+            self.index = read_index(where)
         self._decode_arg = decode
         # A memoryview field would not pickle out of a worker, and torch's default collate takes
         # it for a sequence of ints (one tensor per byte position, or an "equal size" error).
@@ -80,7 +109,7 @@ class ShardDataset(tud.Dataset[Any]):
         counts = np.array([s.samples for s in self.index.shards], dtype=np.int64)
         self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self._starts[1:])
-        self._reader = ShardReader(self.path, self.index, verify)
+        self._reader = ShardReader(directory, self.index, verify, self.remote)
 
     # -- structure, for samplers that prefer whole shards ---------------------------------
 
@@ -129,13 +158,30 @@ class ShardDataset(tud.Dataset[Any]):
             IndexError: if ``index`` is out of range.
             CorruptShardError: if its shard is missing, truncated or fails verification.
         """
+        return self._sample(index, copy=False)
+
+    def _sample(self, index: int, *, copy: bool) -> dict[str, Any]:
         shard, local = self.locate(index)
         info = self.index.shards[shard]
+        if self.remote is not None:
+            self.remote.reading(shard)
         view = self._reader.view(shard)
         sample: dict[str, Any] = {"__key__": info.keys[local], "__shard__": info.name}
         for ext, offset, size in info.members(local):
-            sample[ext] = view[offset : offset + size]
+            sample[ext] = (
+                bytes(view[offset : offset + size]) if copy else view[offset : offset + size]
+            )
         return sample
+
+    def buffered(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` for a stream's shuffle buffer: views for a local dataset, copies
+        for a remote one (a held view would keep its shard pinned in a bounded cache)."""
+        return self._sample(index, copy=self.remote is not None)
+
+    def plan(self, shards: list[int]) -> None:
+        """Tell a remote dataset which shards this process reads next (a no-op locally)."""
+        if self.remote is not None:
+            self.remote.plan(shards)
 
     def __getitem__(self, index: int) -> Any:
         return self.finish(self.raw(index))
@@ -180,8 +226,10 @@ class ShardDataset(tud.Dataset[Any]):
         )
 
     def close(self) -> None:
-        """Unmap this process's shards; they are mapped again on the next access."""
+        """Unmap this process's shards and stop its prefetch; both restart on the next access."""
         self._reader.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def __repr__(self) -> str:
         return (

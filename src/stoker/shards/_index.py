@@ -41,6 +41,7 @@ import numpy as np
 from stoker.shards._errors import IncompleteShardsError, ShardArgumentError, ShardError
 from stoker.shards._files import check_output_dir, open_regular, read_regular, write_atomic
 from stoker.shards._tar import scan_tar, split_name
+from stoker.store import local_path
 
 __all__ = [
     "CHUNK_SIZE",
@@ -55,6 +56,8 @@ __all__ = [
     "ShardInfo",
     "build_index",
     "describe_shard",
+    "index_bytes",
+    "load_index",
     "parse_index",
     "read_index",
     "shard_name_problem",
@@ -421,9 +424,13 @@ def write_index(directory: str | os.PathLike[str], index: ShardIndex) -> Path:
         The index path.
     """
     path = Path(directory) / INDEX_NAME
-    text = json.dumps(index.to_json(), sort_keys=True, separators=(",", ":"))
-    write_atomic(path, text.encode() + b"\n")
+    write_atomic(path, index_bytes(index))
     return path
+
+
+def index_bytes(index: ShardIndex) -> bytes:
+    """The bytes of ``index.json`` for ``index`` (sorted keys, no timestamps)."""
+    return json.dumps(index.to_json(), sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
 
 def parse_index(obj: object) -> ShardIndex:
@@ -470,7 +477,7 @@ def read_index(directory: str | os.PathLike[str]) -> ShardIndex:
         ShardError: if the index is not a regular file of at most :data:`MAX_INDEX_BYTES`,
             cannot be parsed, or fails a check (the message names the field and its value).
     """
-    directory = Path(directory)
+    directory = local_path(directory, "`directory` (for a store URL use ShardDataset)")
     path = directory / INDEX_NAME
     if not directory.exists():
         raise IncompleteShardsError(
@@ -500,14 +507,23 @@ def read_index(directory: str | os.PathLike[str]) -> ShardIndex:
         raise ShardError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
     except ShardError as exc:
         raise ShardError(f"{exc} {fix}") from exc
+    return load_index(data, str(path), fix)
+
+
+def load_index(data: bytes, where: str, fix: str) -> ShardIndex:
+    """Parse and validate the bytes of an ``index.json`` read from ``where`` (a path or URL).
+
+    Raises:
+        ShardError: naming ``where``, the problem and ``fix``.
+    """
     try:
         obj = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError too
-        raise ShardError(f"{path} is not a stoker shard index: not JSON ({exc}). {fix}") from exc
+        raise ShardError(f"{where} is not a stoker shard index: not JSON ({exc}). {fix}") from exc
     try:
         return parse_index(obj)
     except ShardError as exc:
-        raise ShardError(f"{path} is not a valid stoker shard index: {exc} {fix}") from exc
+        raise ShardError(f"{where} is not a valid stoker shard index: {exc} {fix}") from exc
 
 
 def build_index(
@@ -533,7 +549,7 @@ def build_index(
             ``shards`` is not a plain file name.
         ShardError: if a tar file cannot be read or indexed.
     """
-    directory = Path(directory)
+    directory = local_path(directory, "`directory` (for a store URL use `stoker index URL`)")
     fix = "pass the folder that holds the `.tar` shards"
     if not directory.exists():
         raise ShardArgumentError(f"{str(directory)!r} does not exist: {fix}.")

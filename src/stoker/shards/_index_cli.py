@@ -18,7 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "directory",
         metavar="DIR",
-        help="directory of .tar shards (e.g. from webdataset.ShardWriter)",
+        help="directory of .tar shards (e.g. from webdataset.ShardWriter), or a store prefix "
+        "(s3://bucket/prefix)",
     )
 
 
@@ -32,9 +33,12 @@ def run(args: argparse.Namespace) -> int:
     from stoker.errors import ConfigError, StokerError
     from stoker.shards._index import build_index
     from stoker.shards._pack_cli import report_failure
+    from stoker.shards._upload import index_store
+    from stoker.store import StoreURL, parse_url
 
     try:
-        index = build_index(args.directory)
+        where = parse_url(args.directory)
+        index = index_store(where) if isinstance(where, StoreURL) else build_index(where)
     except ConfigError:
         raise
     except (StokerError, OSError) as exc:

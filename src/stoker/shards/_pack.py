@@ -18,6 +18,8 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -38,7 +40,9 @@ from stoker.shards._index import (
 )
 from stoker.shards._sources import Source, SourceFormat, open_source
 from stoker.shards._tar import EncodedSample, encode_sample
+from stoker.shards._upload import StorePack
 from stoker.shards._writer import ShardWriter, shard_name
+from stoker.store import StoreURL, parse_url
 
 __all__ = ["DEFAULT_SHARD_SIZE", "pack"]
 
@@ -212,7 +216,9 @@ def pack(
     Args:
         source: an image-folder tree, a directory of files grouped by stem, an LMDB
             environment, an HDF5 file, ``"module:factory"``, or a :class:`Source`.
-        out: output directory; must be empty or absent (unless ``resume``).
+        out: output directory; must be empty or absent (unless ``resume``). Or a store
+            prefix (``s3://bucket/prefix``, ``gs://``, ``az://``): each finished shard is
+            uploaded, ``index.json`` last; ``resume`` works there too.
         shard_size: upper bound of each shard in bytes. Default 256 MB.
         workers: processes reading and encoding samples; the output does not depend on it.
             Default 1 (in the calling process).
@@ -246,7 +252,10 @@ def pack(
         else source
     )
     _warn_skipped(src)
-    out = Path(out)
+    target = parse_url(out)
+    if isinstance(target, StoreURL):
+        return _pack_to_store(src, target, shard_size, workers, resume, progress, follow_links)
+    out = target
     if out.exists() and not out.is_dir():
         raise ShardArgumentError(f"output {out} is a file: pass a directory (empty or absent).")
     created = not out.exists()
@@ -255,11 +264,7 @@ def pack(
     writer: ShardWriter | None = None
     try:
         writer = ShardWriter(out, shard_size=shard_size, first_shard=len(done))
-        with _encoder(src, workers) as encode, _Progress(len(src), start, enabled=progress) as bar:
-            for sample in encode(range(start, len(src))):
-                writer.write(sample)
-                bar.advance(len(sample.blob))
-            shards = done + writer.close()
+        shards = done + _write_all(src, writer, workers, start, progress)
     except BaseException as exc:
         if writer is not None:
             writer.abort()
@@ -274,6 +279,52 @@ def pack(
     index = ShardIndex(tuple(shards), dict(src.meta))
     write_index(out, index)
     (out / PACK_STATE_NAME).unlink()
+    return index
+
+
+def _write_all(
+    src: Source, writer: ShardWriter, workers: int, start: int, progress: bool
+) -> list[ShardInfo]:
+    """Encode the source's samples from ``start`` on into ``writer``; its new shards."""
+    with _encoder(src, workers) as encode, _Progress(len(src), start, enabled=progress) as bar:
+        for sample in encode(range(start, len(src))):
+            writer.write(sample)
+            bar.advance(len(sample.blob))
+        return writer.close()
+
+
+def _pack_to_store(
+    src: Source,
+    url: StoreURL,
+    shard_size: int,
+    workers: int,
+    resume: bool,
+    progress: bool,
+    follow_links: bool,
+) -> ShardIndex:
+    remote = StorePack(url)
+    done = remote.prepare(_state(src, shard_size, follow_links), resume)
+    staging = Path(tempfile.mkdtemp(prefix="stoker-pack-"))
+    start = sum(s.samples for s in done)
+    writer: ShardWriter | None = None
+    try:
+        writer = ShardWriter(
+            staging,
+            shard_size=shard_size,
+            first_shard=len(done),
+            on_shard=lambda info: remote.upload(info, staging / info.name),
+        )
+        shards = done + _write_all(src, writer, workers, start, progress)
+    except BaseException as exc:
+        if writer is not None:
+            writer.abort()
+        if not resume and not isinstance(exc, _WorkerDied) and not (writer and writer.shards):
+            remote.abandon()  # nothing uploaded: leave the prefix empty for the corrected call
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    index = ShardIndex(tuple(shards), dict(src.meta))
+    remote.finish(index)
     return index
 
 

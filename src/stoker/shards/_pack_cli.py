@@ -10,24 +10,10 @@ killed worker, a full disk), with one line on stderr.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import warnings
 
 __all__ = ["configure", "parse_size", "report_failure", "run"]
-
-_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "m": 10**6,
-    "g": 10**9,
-    "t": 10**12,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
@@ -36,10 +22,17 @@ def parse_size(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: for anything else.
     """
-    match = _SIZE_RE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 256MB, 1GiB or 1000000)")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    from stoker.errors import ConfigError  # here, as in run(): `stoker --help` stays fast
+    from stoker.store import parse_bytes
+
+    try:
+        size = parse_bytes(text, "size")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (try 256MB, 1GiB or 1000000)"
+        ) from None
+    assert size is not None  # parse_bytes returns None only for None
+    return size
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +44,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "or module:factory",
     )
     parser.add_argument(
-        "out", metavar="OUT", help="output directory (created; must be empty unless --resume)"
+        "out",
+        metavar="OUT",
+        help="output directory (created; must be empty unless --resume), or a store prefix "
+        "(s3://bucket/prefix, gs://, az://)",
     )
     parser.add_argument(
         "--shard-size",

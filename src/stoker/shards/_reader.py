@@ -21,16 +21,30 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import weakref
 import zlib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from stoker.errors import ConfigError
 from stoker.shards._errors import CorruptShardError, ShardError
 from stoker.shards._files import open_regular
 from stoker.shards._index import ShardIndex, ShardInfo
+from stoker.store._cache import Pin
 
-__all__ = ["ShardReader", "Verify"]
+__all__ = ["MAX_REMOTE_MAPS", "ShardOpener", "ShardReader", "Verify"]
+
+#: Shards of a remote dataset one process keeps mapped: an older map is dropped before the next
+#: shard is fetched (its cache pin released once no sample views it), so a budget of this many
+#: shards per reading process always lets every reader go on.
+MAX_REMOTE_MAPS = 2
+
+
+class ShardOpener(Protocol):
+    """Where a remote dataset's shards come from (``stoker.shards._remote.RemoteShards``)."""
+
+    def open(self, number: int) -> Pin: ...
+
 
 Verify = Literal["lazy", "full", "off"]
 _VERIFY_MODES: tuple[str, ...] = get_args(Verify)
@@ -47,13 +61,17 @@ class ShardReader:
         directory: the shard directory.
         index: its index.
         verify: ``"lazy"``, ``"full"`` or ``"off"`` (see the module docstring).
+        opener: for a remote dataset, gives each shard's cached file, pinned while mapped.
+            Default ``None``: shards are files in ``directory``.
 
     Raises:
         ConfigError: for an unknown ``verify``.
         CorruptShardError: with ``verify="full"``, for the first bad shard.
     """
 
-    def __init__(self, directory: Path, index: ShardIndex, verify: Verify) -> None:
+    def __init__(
+        self, directory: Path, index: ShardIndex, verify: Verify, opener: ShardOpener | None = None
+    ) -> None:
         if verify not in _VERIFY_MODES:
             raise ConfigError(
                 f"`verify` must be one of {', '.join(map(repr, _VERIFY_MODES))}. Found: {verify!r}."
@@ -61,6 +79,7 @@ class ShardReader:
         self.directory = directory
         self.index = index
         self.verify = verify
+        self.opener = opener
         self._pid = os.getpid()
         self._maps: dict[int, tuple[mmap.mmap | None, memoryview]] = {}
         self._checked: set[int] = set()
@@ -84,13 +103,30 @@ class ShardReader:
             self._maps, self._checked, self._pid = {}, set(), os.getpid()
         entry = self._maps.get(number)
         if entry is None:
-            entry = self._map(number)
+            if self.opener is None:
+                entry = self._map(number, self.path(number))
+            else:
+                # Unpin first: a reader waiting for room in a full cache must not hold it.
+                while len(self._maps) >= MAX_REMOTE_MAPS:
+                    _unmap(self._maps.pop(next(iter(self._maps))))
+                entry = self._map_pinned(number, self.opener.open(number))
             self._maps[number] = entry
         return entry[1]
 
-    def _map(self, number: int) -> tuple[mmap.mmap | None, memoryview]:
+    def _map_pinned(self, number: int, pin: Pin) -> tuple[mmap.mmap | None, memoryview]:
+        try:
+            entry = self._map(number, pin.path)
+        except BaseException:
+            pin.release()
+            raise
+        if entry[0] is None:
+            pin.release()
+        else:  # held until the last sample viewing the map is gone
+            weakref.finalize(entry[0], pin.release)
+        return entry
+
+    def _map(self, number: int, path: Path) -> tuple[mmap.mmap | None, memoryview]:
         info = self.index.shards[number]
-        path = self.path(number)
         try:
             fd, st = open_regular(path)
         except FileNotFoundError:
@@ -168,15 +204,20 @@ class ShardReader:
         maps, self._maps = self._maps, {}
         if self._pid != os.getpid():
             return
-        for mm, view in maps.values():
-            try:
-                view.release()
-                if mm is not None:
-                    mm.close()
-            except BufferError:
-                pass  # a sample still references it; it is unmapped when collected
+        for entry in maps.values():
+            _unmap(entry)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_maps"], state["_checked"] = {}, set()
         return state
+
+
+def _unmap(entry: tuple[mmap.mmap | None, memoryview]) -> None:
+    mm, view = entry
+    try:
+        view.release()
+        if mm is not None:
+            mm.close()
+    except BufferError:
+        pass  # a sample still references it; it is unmapped when collected

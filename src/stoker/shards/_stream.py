@@ -39,7 +39,9 @@ class ShardSource(Protocol):
 
     def shard_range(self, shard: int) -> range: ...
 
-    def raw(self, index: int) -> dict[str, Any]: ...
+    def buffered(self, index: int) -> dict[str, Any]: ...
+
+    def plan(self, shards: list[int]) -> None: ...
 
     def finish(self, sample: dict[str, Any]) -> Any: ...
 
@@ -201,7 +203,9 @@ class ShardStream(tud.IterableDataset[Any]):
         epoch = self._epoch if self._epoch is not None else self._iterations
         self._iterations += 1
         world = self.current_world()
-        raw = self._raw(self._spans(epoch, worker, workers, world))
+        spans = self._spans(epoch, worker, workers, world)
+        self.dataset.plan([shard for shard, _, _ in spans])  # a remote dataset prefetches them
+        raw = self._raw(spans)
         if not self.shuffle:
             yield from (self.dataset.finish(s) for s in raw)
             return
@@ -226,4 +230,4 @@ class ShardStream(tud.IterableDataset[Any]):
         for shard, start, stop in spans:
             first = self.dataset.shard_range(shard).start
             for local in range(start, stop):
-                yield self.dataset.raw(first + local)
+                yield self.dataset.buffered(first + local)

@@ -1,0 +1,221 @@
+"""A small client over ``fsspec`` (``s3fs``; ``gcsfs``, ``adlfs`` for gs:// and az://).
+
+Chosen by measurement against moto's S3 server on loopback (benchmarks/README.md, "Object
+storage clients"): obstore (Rust object_store) was faster at listing, whole-object and ranged
+GETs, but its process-wide tokio runtime does not survive ``fork``: a DataLoader worker forked
+after the main process had fetched the index hung or crashed. fsspec resets its event loop in a
+forked child, so each worker builds its own client and works.
+
+Configuration comes only from each store's standard environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``GOOGLE_APPLICATION_CREDENTIALS``,
+``AZURE_STORAGE_*``); stoker adds none of its own. The clients' own retries are off: every
+request goes through :func:`stoker.store._retry.with_retries`, so the final error can name the
+attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from stoker.store._errors import ObjectMismatchError, StoreError, StoreURLError
+from stoker.store._retry import RetryPolicy, with_retries
+from stoker.store._secrets import scrub
+from stoker.store._url import StoreURL
+
+__all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "Store", "open_store"]
+
+#: Per request, in seconds; a stalled server then fails the attempt instead of hanging it.
+CONNECT_TIMEOUT = 5
+READ_TIMEOUT = 60
+_CHUNK = 1 << 20
+_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "http": "aiohttp", "https": "aiohttp"}
+
+
+def _filesystem(scheme: str) -> Any:
+    try:
+        import fsspec
+
+        if scheme == "s3":
+            fs = fsspec.filesystem(
+                "s3",
+                skip_instance_cache=True,
+                config_kwargs={
+                    "retries": {"max_attempts": 1, "mode": "standard"},
+                    "connect_timeout": CONNECT_TIMEOUT,
+                    "read_timeout": READ_TIMEOUT,
+                },
+            )
+            fs.retries = 1  # s3fs's own retry loop; ours names the attempts
+            return fs
+        return fsspec.filesystem(scheme, skip_instance_cache=True)
+    except ImportError:
+        raise StoreURLError(
+            f"{scheme}:// needs the `remote` extra and {_PACKAGES.get(scheme, scheme)}: "
+            f"pip install 'stoker[remote]' {_PACKAGES.get(scheme, '')}".rstrip()
+            + "."
+        ) from None
+
+
+class Store:
+    """Requests to the objects under one :class:`StoreURL`'s prefix.
+
+    Args:
+        url: the prefix.
+        policy: retry policy. Default ``None``: the module defaults of ``_retry``.
+
+    Raises:
+        StoreURLError: if the scheme's fsspec package is not installed, or the URL cannot
+            configure a client.
+    """
+
+    def __init__(self, url: StoreURL, policy: RetryPolicy | None = None) -> None:
+        self.url = url
+        self.policy = policy
+        self._client: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The client holds an event loop and sockets: each process builds its own.
+        return {**self.__dict__, "_client": None, "_pid": -1}
+
+    def _fs(self) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            try:
+                self._client = _filesystem(self.url.scheme)
+            except StoreURLError:
+                raise
+            except Exception as exc:
+                raise StoreURLError(
+                    f"cannot configure a client for {self.url.url()!r}: {scrub(str(exc))}"
+                ) from None
+            self._pid = os.getpid()
+        return self._client
+
+    def _path(self, name: str) -> str:
+        """The fsspec path of ``name`` (``bucket/prefix/name``; a full URL over HTTP)."""
+        key = self.url.key(name) if name else self.url.prefix
+        if self.url.scheme in ("http", "https"):
+            return f"{self.url.root}/{key}"
+        host = self.url.root.split("://", 1)[1]
+        return f"{host}/{key}" if key else host
+
+    def _retry(self, call: Any, name: str, what: str) -> Any:
+        return with_retries(call, url=self.url.url(name), what=what, policy=self.policy)
+
+    def size(self, name: str) -> int:
+        """The object's size in bytes.
+
+        Raises:
+            ObjectMissingError: no such object.
+            StoreError: the request failed after retries.
+        """
+        path = self._path(name)
+        info = self._retry(lambda: self._fs().info(path), name, "HEAD")
+        if info.get("type") == "directory" or info.get("size") is None:
+            raise FileNotFoundError(path)
+        return int(info["size"])
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.size(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def get(self, name: str, limit: int) -> bytes:
+        """The whole object, refused when larger than ``limit`` bytes.
+
+        Raises:
+            ObjectMissingError: no such object.
+            ObjectMismatchError: it is larger than ``limit``.
+            StoreError: the request failed after retries.
+        """
+        size = self.size(name)
+        if size > limit:
+            raise ObjectMismatchError(
+                f"{self.url.url(name)} is {size} bytes, more than the {limit} allowed.",
+                url=self.url.url(name),
+            )
+        path = self._path(name)
+        data = self._retry(lambda: self._fs().cat_file(path, start=0, end=size), name, "GET")
+        return bytes(data)
+
+    def download(self, name: str, out: BinaryIO, size: int) -> str:
+        """Write the object into ``out`` (at most ``size`` bytes); return its sha256.
+
+        A failure mid-body restarts the object from its first byte (``out`` is rewritten from
+        its start, never truncated: the cache sizes it beforehand to reserve the space).
+
+        Raises:
+            ObjectMismatchError: the object is not ``size`` bytes.
+            StoreError: the request failed after retries.
+        """
+        path = self._path(name)
+
+        def attempt() -> str:
+            out.seek(0)
+            digest = hashlib.sha256()
+            got = 0
+            with self._fs().open(path, "rb", block_size=_CHUNK, cache_type="none") as f:
+                while got <= size:
+                    chunk = f.read(min(_CHUNK, size + 1 - got))
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > size:
+                        break
+                    digest.update(chunk)
+                    out.write(chunk)
+            if got != size:
+                raise ObjectMismatchError(
+                    f"{self.url.url(name)} is {'more than ' + str(size) if got > size else got} "
+                    f"bytes, the index says {size}.",
+                    url=self.url.url(name),
+                )
+            out.flush()
+            return digest.hexdigest()
+
+        result: str = self._retry(attempt, name, "GET")
+        return result
+
+    def put(self, name: str, data: bytes | Path) -> None:
+        """Upload bytes or a local file (s3fs uploads a large file in parts)."""
+        if not self.url.writable:
+            raise StoreURLError(
+                f"{self.url.url()} is read-only ({self.url.scheme}://): write to s3://, gs:// "
+                "or az://, or a local folder."
+            )
+        path = self._path(name)
+        if isinstance(data, Path):
+            self._retry(lambda: self._fs().put_file(str(data), path), name, "PUT")
+        else:
+            self._retry(lambda: self._fs().pipe_file(path, data), name, "PUT")
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        self._retry(lambda: self._fs().rm_file(path), name, "DELETE")
+
+    def names(self) -> Iterator[str]:
+        """Object names directly under the prefix (one listing, retried as a whole)."""
+        base = self._path("")
+
+        def listing() -> list[str]:
+            try:
+                return list(self._fs().ls(base, detail=False, refresh=True))
+            except FileNotFoundError:
+                return []
+
+        paths: list[str] = self._retry(listing, "", "LIST")
+        cut = len(base.rstrip("/")) + 1
+        yield from (p[cut:] for p in paths if p.startswith(base.rstrip("/") + "/"))
+
+
+def open_store(url: StoreURL, policy: RetryPolicy | None = None) -> Store:
+    """A :class:`Store` for ``url``; the client is built on first use in each process."""
+    if not isinstance(url, StoreURL):
+        raise StoreError(f"`url` must be a StoreURL. Found: {url!r}.")
+    return Store(url, policy)
