@@ -9,11 +9,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from _machine import measures_the_machine
+from stoker.autotune._backend_rule import early_samples, settled
 from stoker.autotune._probe import choose_backend, choose_backend_isolated
+from stoker.autotune._probe_passes import serial_pass
 
 
 class Sleepy(Dataset):
@@ -106,6 +109,7 @@ class Paths(Dataset):
         return sum(map(ord, path[-12:]))
 
 
+@pytest.mark.measures
 @measures_the_machine
 def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
     backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False)
@@ -115,6 +119,7 @@ def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
         assert backend == "process" and "CPU work" in why, (type(ds).__name__, why)
 
 
+@pytest.mark.measures
 @measures_the_machine
 def test_a_heavy_tail_gets_threads_only_when_the_work_runs_in_parallel_in_them():
     # The waits of a few slow samples need more workers than cores: threads, when two of
@@ -125,6 +130,7 @@ def test_a_heavy_tail_gets_threads_only_when_the_work_runs_in_parallel_in_them()
     assert backend == "process", why
 
 
+@pytest.mark.measures
 @measures_the_machine
 def test_batches_cheaper_than_a_hand_off_load_in_the_main_process_when_allowed():
     backend, why = choose_backend(Cheap(), default_collate, 8, iterable=False)
@@ -133,6 +139,7 @@ def test_batches_cheaper_than_a_hand_off_load_in_the_main_process_when_allowed()
     assert backend == "process"
 
 
+@pytest.mark.measures  # asserts a measured probe decision
 def test_a_dataset_forked_workers_would_copy_stays_in_the_main_process():
     ds = Paths()
     backend, why = choose_backend_isolated(ds, default_collate, 256, iterable=False)
@@ -154,6 +161,7 @@ def test_iterable_datasets_get_processes_without_probing():
     assert choose_backend_isolated(Sleepy(), None, 4, iterable=True)[0] == "process"
 
 
+@pytest.mark.measures  # asserts a measured probe decision
 def test_auto_loader_that_loads_inline_says_why_and_delivers_torchs_batches():
     import torch
 
@@ -168,6 +176,7 @@ def test_auto_loader_that_loads_inline_says_why_and_delivers_torchs_batches():
     assert got == want
 
 
+@pytest.mark.measures  # asserts a measured probe decision
 def test_an_auto_loader_that_loads_inline_does_not_keep_an_epochs_iterator():
     import gc
     import weakref
@@ -220,3 +229,15 @@ def test_probe_child_does_not_hang_after_the_parent_used_openmp():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("backend=")
     assert "gave no answer" not in proc.stdout, proc.stdout  # the probe ran, it did not hang
+
+
+@pytest.mark.measures
+@measures_the_machine
+def test_cheap_cpu_samples_end_the_serial_pass_early() -> None:
+    # Plain CPU work shows within a few hundred samples: the pass does not fill its time.
+    size = 4
+    early = (early_samples(size), settled)
+    found = serial_pass(Cheap(), default_collate, size, len(Cheap()), False, 1.0, early)
+    assert len(found.walls) == early_samples(size), len(found.walls)
+    full = serial_pass(Cheap(), default_collate, size, len(Cheap()), False, 0.05)
+    assert len(full.walls) > early_samples(size)

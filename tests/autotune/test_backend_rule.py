@@ -17,7 +17,9 @@ from stoker.autotune._backend_rule import (
     THREAD_WAIT_SHARE,
     ProbeFacts,
     decide_backend,
+    early_samples,
     hand_over,
+    settled,
     tail_threads,
     wants_speedup,
 )
@@ -125,3 +127,11 @@ def test_wait_shares_at_the_thresholds() -> None:
     assert decide_backend(
         facts(waiting=THREAD_WAIT_SHARE, waiting_all=THREAD_WAIT_SHARE, speedup=THREAD_SPEEDUP)
     ).waits
+
+
+def test_a_serial_pass_of_plain_cpu_work_may_stop_early() -> None:
+    assert settled(0.0, 0.0, 0.0)
+    assert not settled(THREAD_WAIT_SHARE, 0.0, 0.0)  # samples that wait need the thread test
+    assert not settled(0.0, TAIL_WAIT_SHARE, 0.0)  # a tail needs the tail test
+    assert not settled(0.0, 0.0, COW_BYTES_PER_SAMPLE)  # copying needs the full pass
+    assert early_samples(1) >= 2 and early_samples(512) == 1024  # two batches at least

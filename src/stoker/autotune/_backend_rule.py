@@ -43,7 +43,9 @@ __all__ = [
     "Choice",
     "ProbeFacts",
     "decide_backend",
+    "early_samples",
     "hand_over",
+    "settled",
     "tail_threads",
     "wants_speedup",
 ]
@@ -60,6 +62,11 @@ TAIL_PARALLEL_CORES = 1.3
 # Most threads that pass may use, and how long it measures.
 TAIL_MAX_THREADS = 8
 TAIL_WINDOW_S = 0.15
+# A serial pass of this many samples (two batches at least) that shows CPU work without a
+# wait, a tail or copying stops there: the rules answer processes or inline whatever more such
+# samples show, and cheap samples need not fill the pass's time (a tail rarer than one sample
+# in this many may go unseen, as it may in a pass of expensive samples).
+EARLY_SAMPLES = 128
 # A batch that loads in less than this is cheaper to load in the main process than to receive
 # from a worker (receiving costs the main process a few tenths of a millisecond of CPU).
 INLINE_BATCH_S = 0.3e-3
@@ -123,6 +130,23 @@ def wants_speedup(waiting: float, copies: bool) -> bool:
     """Whether two threads against one matters: to samples that wait and to datasets that
     forked workers would copy (CPU work goes to processes whatever threads do)."""
     return waiting >= THREAD_WAIT_SHARE or copies
+
+
+def early_samples(batch_size: int) -> int:
+    """Samples a serial pass loads at least before :func:`settled` may stop it."""
+    return max(EARLY_SAMPLES, 2 * batch_size)
+
+
+def settled(waiting: float, waiting_all: float, copied: float) -> bool:
+    """Whether a serial pass that shows these figures so far may stop: the median sample
+    computes, no wait adds up to a tail, and reading copies nothing (no thread test is run,
+    and the answer is processes or inline by the batch time alone). With a margin of half
+    each threshold: figures near one are left to the full pass."""
+    return (
+        waiting < THREAD_WAIT_SHARE / 2
+        and waiting_all < TAIL_WAIT_SHARE / 2
+        and copied < COW_BYTES_PER_SAMPLE / 2
+    )
 
 
 def tail_threads(facts: ProbeFacts) -> int:

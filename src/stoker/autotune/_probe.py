@@ -27,6 +27,8 @@ from stoker.autotune._backend_rule import (
     TAIL_WINDOW_S,
     ProbeFacts,
     decide_backend,
+    early_samples,
+    settled,
     tail_threads,
     wants_speedup,
 )
@@ -90,8 +92,13 @@ def choose_backend(
         return "process", "dataset has no len(): cannot probe"
     if n == 0:
         return "process", "empty dataset"
-    serial = serial_pass(dataset, collate_fn, max(1, batch_size), n, forked, budget_s / 3)
-    copies = serial.copied >= COW_BYTES_PER_SAMPLE and holds_python_objects(dataset)
+    size = max(1, batch_size)
+    early = (early_samples(size), settled)
+    # Copying is measured only where the dataset holds something to copy: each reading of
+    # the process's memory map costs tens of milliseconds, more than cheap samples' pass.
+    suspect = forked and holds_python_objects(dataset)
+    serial = serial_pass(dataset, collate_fn, size, n, suspect, budget_s / 3, early)
+    copies = suspect and serial.copied >= COW_BYTES_PER_SAMPLE
     facts = ProbeFacts(
         waiting=serial.waiting,
         waiting_all=serial.waiting_all,

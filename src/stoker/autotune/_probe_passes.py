@@ -7,10 +7,12 @@ import itertools
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stoker._introspect.containers import find_containers
+from stoker._introspect.platform import thread_sched_seconds
 
 __all__ = [
     "PROBE_DEADLINE_S",
@@ -31,6 +33,8 @@ COW_CONTAINER_BYTES = 16 * 2**20
 PROBE_DEADLINE_S = 10.0
 # Most samples the serial pass loads.
 MAX_SAMPLES = 4096
+# Samples between two checks of whether the serial pass may stop early.
+EARLY_CHECK_EVERY = 32
 # Indices are spread over the dataset with this stride (coprime with any length that is not
 # a multiple of it), so that the probe reads as a shuffled epoch does, not one region.
 _STRIDE = 2_654_435_761
@@ -170,6 +174,8 @@ class SerialPass:
         copied: private bytes per sample that reading copied (copy-on-read; 0 unmeasured).
         next_index: the next fresh stride step for later passes.
         started: when the timed loading began (``time.perf_counter()``, after the warm-up).
+        queued: of the samples' wall time, the seconds this thread was runnable but waited
+            for a core (other processes' load, not the dataset's waits; 0 where unknown).
     """
 
     walls: list[float]
@@ -178,6 +184,7 @@ class SerialPass:
     copied: float
     next_index: int
     started: float
+    queued: float = 0.0
 
     @property
     def waiting(self) -> float:
@@ -189,17 +196,27 @@ class SerialPass:
 
     @property
     def waiting_all(self) -> float:
-        """The share of the whole pass's wall time spent off the CPU."""
+        """The share of the whole pass's wall time spent off the CPU, not queued for one."""
         serial = sum(self.walls)
-        return max(0.0, 1.0 - sum(self.cpus) / serial) if serial > 0 else 0.0
+        return max(0.0, 1.0 - (sum(self.cpus) + self.queued) / serial) if serial > 0 else 0.0
 
 
 def serial_pass(
-    dataset: Any, collate_fn: Any, size: int, n: int, forked: bool, seconds: float
+    dataset: Any,
+    collate_fn: Any,
+    size: int,
+    n: int,
+    forked: bool,
+    seconds: float,
+    early: tuple[int, Callable[[float, float, float], bool]] | None = None,
 ) -> SerialPass:
     """Load spread samples of ``dataset`` (``n`` long) one at a time for about ``seconds``
     (a few at least), collating them ``size`` at a time; ``forked``: this is a forked child
-    whose inherited objects are frozen, so its private-memory growth measures copy-on-read."""
+    whose inherited objects are frozen, so its private-memory growth measures copy-on-read.
+
+    ``early``: ``(samples, settled)``: from that many samples on, the pass stops as soon as
+    ``settled(waiting, waiting_all, copied)`` (the figures so far, see :class:`SerialPass`)
+    says more would not change the answer."""
     order = [(k * _STRIDE) % n for k in range(min(n, MAX_SAMPLES))]
     for i in order[: min(len(order), 2)]:  # warm-up: first-use costs are not the dataset's
         collate_fn([dataset[i]])
@@ -209,7 +226,9 @@ def serial_pass(
     collate_s = 0.0
     batch: list[Any] = []
     t0 = time.perf_counter()
+    sched0 = thread_sched_seconds()
     half: tuple[int, int | None] | None = None  # (samples, shared bytes) halfway
+    marks: dict[int, int | None] = {}  # samples -> shared bytes, for the early stop
     while len(walls) < len(order) and (
         time.perf_counter() - t0 < seconds
         # a few samples at least, unless they are so slow that the deadline nears
@@ -231,6 +250,8 @@ def serial_pass(
             collate_fn(batch)
             collate_s += time.perf_counter() - c1
             batch = []
+        if early is not None and _settled(early, walls, cpus, (t0, sched0), forked, marks):
+            break
     if batch:
         c1 = time.perf_counter()
         collate_fn(batch)
@@ -246,4 +267,39 @@ def serial_pass(
         else 0.0
     )
     batch_s = (sum(walls) + collate_s) / loaded * size
-    return SerialPass(walls, cpus, batch_s, copied, len(order) + loaded, t0)
+    queued = _queued(walls, t0, sched0)
+    return SerialPass(walls, cpus, batch_s, copied, len(order) + loaded, t0, queued)
+
+
+def _queued(walls: list[float], t0: float, sched0: tuple[float, float] | None) -> float:
+    """Of the samples' wall time since ``t0``, the seconds this thread waited for a core: its
+    run-queue delay since ``sched0``, in the samples' share of the time elapsed."""
+    sched1 = thread_sched_seconds()
+    elapsed = time.perf_counter() - t0
+    if sched0 is None or sched1 is None or elapsed <= 0:
+        return 0.0
+    return max(0.0, sched1[1] - sched0[1]) * min(1.0, sum(walls) / elapsed)
+
+
+def _settled(
+    early: tuple[int, Callable[[float, float, float], bool]],
+    walls: list[float],
+    cpus: list[float],
+    start: tuple[float, tuple[float, float] | None],
+    forked: bool,
+    marks: dict[int, int | None],
+) -> bool:
+    """Whether the serial pass may stop now (see :func:`serial_pass`); copies are counted
+    from halfway to the first check, as the full pass counts them in its second half."""
+    loaded, least = len(walls), early[0]
+    if loaded == least // 2:
+        marks[loaded] = shared_dirty_bytes() if forked else None
+    if loaded < least or loaded % EARLY_CHECK_EVERY:
+        return False
+    so_far = SerialPass(walls, cpus, 0.0, 0.0, 0, start[0], _queued(walls, *start))
+    mid = marks.get(least // 2)
+    now = shared_dirty_bytes() if forked else None
+    copied = (
+        max(0, mid - now) / (loaded - least // 2) if mid is not None and now is not None else 0.0
+    )
+    return early[1](so_far.waiting, so_far.waiting_all, copied)
