@@ -13,15 +13,13 @@ the time spent waiting for data. ``memory`` is the same step fed one batch held 
 
 Contenders: ``auto`` (stoker, ``num_workers="auto"``), ``auto:thread`` / ``auto:process``
 (``num_workers="auto"`` with that backend), and those of ``_common.contender`` (``torchN``,
-``stokerN``, ``thread:N``, ``process:N``). A ``+nice0`` suffix runs the contender with
-``STOKER_WORKER_NICE=0`` (workers at the training process's priority).
+``stokerN``, ``thread:N``, ``process:N``).
 
 Run: ``python benchmarks/step_vs_backend.py io auto:thread auto:process auto``
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any
@@ -125,17 +123,11 @@ def main() -> None:
     held = next(iter(torch.utils.data.DataLoader(dataset, batch_size=workload.batch_size)))
     for _ in range(args.rounds):
         for name in names:
-            kind, _, flag = name.partition("+")
-            os.environ.pop("STOKER_WORKER_NICE", None)
-            if flag == "nice0":
-                os.environ["STOKER_WORKER_NICE"] = "0"
-            if kind == "memory":
-                loader = None
+            if name == "memory":
                 results[name].append(_held(held, ops, args))
                 continue
-            loader = make(kind, dataset, workload.batch_size)
+            loader = make(name, dataset, workload.batch_size)
             results[name].append(run(loader, ops, args.wait_ms / 1e3, args.settle, args.seconds))
-    os.environ.pop("STOKER_WORKER_NICE", None)
     print(
         f"{args.workload} (batch {workload.batch_size}), step: {ops} small torch ops "
         f"({_timed(ops, torch.ones(64)) * 1e3:.2f} ms now) + {args.wait_ms:g} ms wait; "
