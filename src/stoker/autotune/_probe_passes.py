@@ -35,6 +35,9 @@ PROBE_DEADLINE_S = 10.0
 MAX_SAMPLES = 4096
 # Samples between two checks of whether the serial pass may stop early.
 EARLY_CHECK_EVERY = 32
+# After a sample that took this long, the next one's run-queue delay is read too (a read of
+# /proc costs tens of microseconds: a few percent of such a sample).
+QUEUE_TRACK_S = 1e-3
 # Indices are spread over the dataset with this stride (coprime with any length that is not
 # a multiple of it), so that the probe reads as a shuffled epoch does, not one region.
 _STRIDE = 2_654_435_761
@@ -176,6 +179,7 @@ class SerialPass:
         started: when the timed loading began (``time.perf_counter()``, after the warm-up).
         queued: of the samples' wall time, the seconds this thread was runnable but waited
             for a core (other processes' load, not the dataset's waits; 0 where unknown).
+        queues: each sample's own such seconds (0 where not read: cheap samples).
     """
 
     walls: list[float]
@@ -185,13 +189,16 @@ class SerialPass:
     next_index: int
     started: float
     queued: float = 0.0
+    queues: list[float] | None = None
 
     @property
     def waiting(self) -> float:
-        """The median sample's share of its wall time spent off the CPU."""
+        """The median sample's share of its wall time spent off the CPU, not queued for
+        one."""
+        queues = self.queues or [0.0] * len(self.walls)
         return statistics.median(
-            max(0.0, 1.0 - c / w) if w > 0 else 0.0
-            for c, w in zip(self.cpus, self.walls, strict=True)
+            max(0.0, 1.0 - (c + q) / w) if w > 0 else 0.0
+            for c, w, q in zip(self.cpus, self.walls, queues, strict=True)
         )
 
     @property
@@ -223,6 +230,7 @@ def serial_pass(
     shared0 = shared_dirty_bytes() if forked else None
     walls: list[float] = []
     cpus: list[float] = []
+    queues: list[float] = []
     collate_s = 0.0
     batch: list[Any] = []
     t0 = time.perf_counter()
@@ -238,19 +246,24 @@ def serial_pass(
             half = (len(walls), shared_dirty_bytes() if forked else None)
         # The wall clock inside the CPU clock: reading the CPU clock is a system call that
         # costs about as much as a cheap sample, and the threaded pass reads only walls.
+        q0 = thread_sched_seconds() if walls and walls[-1] >= QUEUE_TRACK_S else None
         c0 = time.process_time()
         w0 = time.perf_counter()
         sample = dataset[order[len(walls)]]
         w1 = time.perf_counter()
         cpus.append(time.process_time() - c0)
         walls.append(w1 - w0)
+        q1 = thread_sched_seconds() if q0 is not None else None
+        queues.append(max(0.0, q1[1] - q0[1]) if q0 is not None and q1 is not None else 0.0)
         batch.append(sample)
         if len(batch) == size:
             c1 = time.perf_counter()
             collate_fn(batch)
             collate_s += time.perf_counter() - c1
             batch = []
-        if early is not None and _settled(early, walls, cpus, (t0, sched0), forked, marks):
+        if early is not None and _settled(
+            early, (walls, cpus, queues), (t0, sched0), forked, marks
+        ):
             break
     if batch:
         c1 = time.perf_counter()
@@ -268,7 +281,7 @@ def serial_pass(
     )
     batch_s = (sum(walls) + collate_s) / loaded * size
     queued = _queued(walls, t0, sched0)
-    return SerialPass(walls, cpus, batch_s, copied, len(order) + loaded, t0, queued)
+    return SerialPass(walls, cpus, batch_s, copied, len(order) + loaded, t0, queued, queues)
 
 
 def _queued(walls: list[float], t0: float, sched0: tuple[float, float] | None) -> float:
@@ -283,20 +296,20 @@ def _queued(walls: list[float], t0: float, sched0: tuple[float, float] | None) -
 
 def _settled(
     early: tuple[int, Callable[[float, float, float], bool]],
-    walls: list[float],
-    cpus: list[float],
+    samples: tuple[list[float], list[float], list[float]],
     start: tuple[float, tuple[float, float] | None],
     forked: bool,
     marks: dict[int, int | None],
 ) -> bool:
     """Whether the serial pass may stop now (see :func:`serial_pass`); copies are counted
     from halfway to the first check, as the full pass counts them in its second half."""
+    walls, cpus, queues = samples
     loaded, least = len(walls), early[0]
     if loaded == least // 2:
         marks[loaded] = shared_dirty_bytes() if forked else None
     if loaded < least or loaded % EARLY_CHECK_EVERY:
         return False
-    so_far = SerialPass(walls, cpus, 0.0, 0.0, 0, start[0], _queued(walls, *start))
+    so_far = SerialPass(walls, cpus, 0.0, 0.0, 0, start[0], _queued(walls, *start), queues)
     mid = marks.get(least // 2)
     now = shared_dirty_bytes() if forked else None
     copied = (
