@@ -35,6 +35,24 @@ _CHUNK = 1 << 20
 _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "http": "aiohttp", "https": "aiohttp"}
 
 
+_loader: Any = None
+
+
+def _s3_session() -> Any:
+    """A fresh aiobotocore session sharing one botocore data loader per process tree: the
+    loader caches the parsed service models (pure data, safe across fork), which a new
+    session otherwise reads again in every worker (half a second here)."""
+    global _loader
+    import aiobotocore.session
+    import botocore.loaders
+
+    if _loader is None:
+        _loader = botocore.loaders.create_loader()
+    session = aiobotocore.session.AioSession()
+    session.register_component("data_loader", _loader)
+    return session
+
+
 def _filesystem(scheme: str) -> Any:
     try:
         import fsspec
@@ -43,6 +61,7 @@ def _filesystem(scheme: str) -> Any:
             fs = fsspec.filesystem(
                 "s3",
                 skip_instance_cache=True,
+                session=_s3_session(),
                 config_kwargs={
                     "retries": {"max_attempts": 1, "mode": "standard"},
                     "connect_timeout": CONNECT_TIMEOUT,

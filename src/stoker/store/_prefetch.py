@@ -49,6 +49,7 @@ class Prefetcher:
         self._position = 0
         self._next = 0  # plan index of the next shard to submit
         self._started: dict[int, Future[None]] = {}
+        self._first_done = False  # one download alone first: the reader is waiting for it
 
     def plan(self, shards: Sequence[int]) -> None:
         """Replace the plan with ``shards`` (numbers, in reading order) and start on it."""
@@ -76,6 +77,8 @@ class Prefetcher:
             for i in range(self._position + 1, self._next):
                 budget -= self._sizes[self._plan[i]]
             while self._next < len(self._plan):
+                if not self._first_done and any(not f.done() for f in self._started.values()):
+                    break
                 shard = self._plan[self._next]
                 size = self._sizes[shard]
                 if size > budget and self._next > self._position + 1:
@@ -91,6 +94,7 @@ class Prefetcher:
             self._fetch(shard)
         except Exception:
             pass  # the reader's own fetch retries it and reports the error
+        self._first_done = True
         self._submit()
 
     def close(self) -> None:
