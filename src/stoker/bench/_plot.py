@@ -18,6 +18,8 @@ __all__ = ["plot"]
 # The footnote: characters of 7-point text per inch of width, and inches per line.
 FOOT_CHARS_PER_INCH = 17
 FOOT_LINE_IN = 0.14
+# Legend entries per row (six series in one row overflow the figure).
+LEGEND_COLUMNS = 3
 
 # (role, legend label, colour); one bar per role per workload. The labels use the table's
 # words for the roles (`_roles.ROLE_TEXT`), explained by `_roles.ROLES_EXPLAINED` below the plot.
@@ -181,7 +183,7 @@ def plot(result: BenchResult, path: str | Path) -> Path:
         bbox_to_anchor=(0.5, -0.16),
         fontsize=8,
         frameon=False,
-        ncol=len(series),
+        ncol=min(len(series), LEGEND_COLUMNS),
     )
     _footer(fig)
     out = Path(path)
