@@ -197,3 +197,26 @@ def test_urls_where_they_do_not_belong_are_clear_errors(
     assert not any(Path.cwd().glob("s3:*"))
     assert ShardCache(tmp_path / "c", "1MB").limit == 10**6
     assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+
+
+def test_each_rank_downloads_only_the_shards_it_reads(
+    s3_server: S3, bucket: str, samples_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from _proxy import FaultProxy
+
+    from conftest import point_at
+
+    index = pack(samples_dir, f"s3://{bucket}/ds", shard_size=SHARD_SIZE)
+    with FaultProxy(s3_server.port) as proxy:
+        point_at(monkeypatch, proxy.port)
+        read: list[set[str]] = []
+        for rank in (0, 1):
+            ds = ShardDataset(f"s3://{bucket}/ds", cache_dir=tmp_path / f"rank{rank}")
+            world = stoker.World(rank=rank, world_size=2)
+            read.append({s["__shard__"] for s in ds.stream(world=world, buffer_size=4)})
+            ds.close()  # stops the prefetch
+            fetched = {s.name for s in index.shards if proxy.gets(f"{bucket}/ds/{s.name}")}
+            assert fetched == read[rank]
+            proxy.requests.clear()
+    assert read[0] | read[1] == {s.name for s in index.shards}
