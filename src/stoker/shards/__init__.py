@@ -12,7 +12,9 @@ Lifecycle::
 Modules: ``_tar`` member bytes and offsets, ``_index`` index.json, ``_writer`` ShardWriter,
 ``_sources`` pack sources, ``_encode``/``_decode`` field conventions, ``_pack`` pack(),
 ``_reader`` mmap + verification, ``_dataset`` ShardDataset, ``_stream`` ShardStream, ``_kv``
-LMDB and HDF5 datasets, ``_pack_cli``/``_index_cli`` the ``stoker pack``/``stoker index`` commands.
+LMDB and HDF5 datasets, ``_pack_cli``/``_index_cli`` the ``stoker pack``/``stoker index`` commands,
+``_remote`` a dataset in object storage read through :mod:`stoker.store`'s cache, ``_upload``
+pack and index into a store prefix (docs/streaming.md).
 """
 
 from __future__ import annotations
