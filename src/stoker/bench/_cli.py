@@ -14,7 +14,9 @@ from typing import Any
 
 __all__ = ["configure", "load_factory", "run"]
 
-WORKLOAD_NAMES = ("tiny", "large", "jpeg", "heavytail", "io", "memory", "epochs", "shards")
+WORKLOAD_NAMES = (
+    "tiny", "large", "jpeg", "heavytail", "io", "memory", "epochs", "shards", "remote",
+)  # fmt: skip
 DEFAULT_USER_BATCH = 64
 
 
@@ -65,6 +67,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="multiprocessing start method for every loader (default: the platform's)",
     )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        metavar="MS",
+        help="the remote workload's store: milliseconds added to each request (default 50)",
+    )
+    parser.add_argument(
+        "--bandwidth-mbs",
+        type=float,
+        metavar="MB/S",
+        help="the remote workload's store: MB/s per connection, 0 for no cap (default 50)",
+    )
     parser.add_argument(
         "--device",
         choices=("cuda",),
@@ -170,6 +184,10 @@ def run(args: argparse.Namespace) -> int:
         for name in chosen:
             if name not in known:
                 raise ConfigError(f"unknown workload {name!r}: pick one of {', '.join(known)}.")
+    if args.latency_ms is not None or args.bandwidth_mbs is not None:
+        from stoker.bench._remote import configured  # lazy, as every import here: start-up
+
+        chosen = configured(chosen, args.latency_ms, args.bandwidth_mbs)
     if args.dataset:
         # Built once, now: a factory that raises is reported before minutes of measuring.
         dataset = call_factory(load_factory(args.dataset), args.dataset)

@@ -35,7 +35,7 @@ from stoker.bench._stats import median
 from stoker.bench._workloads import Workload, cache_dir, register
 from stoker.errors import ConfigError
 
-__all__ = ["RemoteSettings", "remote_workload", "run_remote"]
+__all__ = ["RemoteSettings", "configured", "remote_workload", "run_remote"]
 
 NAME = "remote"
 BATCH_SIZE = 64
@@ -50,16 +50,21 @@ class RemoteSettings:
     Attributes:
         latency_s: seconds the proxy adds before each response. Default 0.05.
         bandwidth: bytes per second per connection (``None``: no cap). Default 50e6.
+        images: how many of the bench's JPEGs the dataset holds. Default ``None``: 768 in
+            quick mode, 3,000 otherwise (as the ``shards`` workload).
     """
 
     latency_s: float = DEFAULT_LATENCY_S
     bandwidth: float | None = DEFAULT_BANDWIDTH
+    images: int | None = None
 
     def __post_init__(self) -> None:
         if self.latency_s < 0:
             raise ConfigError(f"`latency_s` must be >= 0. Found: {self.latency_s!r}.")
         if self.bandwidth is not None and self.bandwidth <= 0:
             raise ConfigError(f"`bandwidth` must be > 0 or None. Found: {self.bandwidth!r}.")
+        if self.images is not None and self.images < 1:
+            raise ConfigError(f"`images` must be >= 1 or None. Found: {self.images!r}.")
 
     @property
     def text(self) -> str:
@@ -197,7 +202,8 @@ def run_remote(
         workload: the workload (its name, description and batch size are reported).
         plan: repeats, worker count and start method (``plan.stoker_workers`` workers for
             every contender).
-        quick: the quick set of images (768) instead of the full one (3,000).
+        quick: the quick set of images (768) instead of the full one (3,000), unless
+            ``settings.images`` says how many.
         report: progress, one step per run.
         settings: the store's latency and bandwidth.
 
@@ -211,7 +217,7 @@ def run_remote(
         "batch_size": BATCH_SIZE,
         "mode": "epochs",
     }
-    count = QUICK_IMAGES if quick else FULL_IMAGES
+    count = settings.images or (QUICK_IMAGES if quick else FULL_IMAGES)
     peers = [p for p in PEERS if p.installed()]
     missing = [
         f"{p.name}: not installed ({p.module}), not compared" for p in PEERS if p not in peers
@@ -268,6 +274,36 @@ def remote_workload(settings: RemoteSettings | None = None) -> Workload:
         epochs=1,
         runner=functools.partial(run_remote, settings=chosen),
     )
+
+
+def configured(
+    chosen: list[str | Workload] | None, latency_ms: float | None, bandwidth_mbs: float | None
+) -> list[str | Workload]:
+    """``stoker bench``'s chosen workloads with ``remote`` set to the store's options.
+
+    Args:
+        chosen: the workloads named on the command line (``None``: none named).
+        latency_ms: ``--latency-ms``, or ``None`` for the default.
+        bandwidth_mbs: ``--bandwidth-mbs`` (0: no cap), or ``None`` for the default.
+
+    Raises:
+        ConfigError: if ``remote`` is not among ``chosen``, or for a negative value.
+    """
+    if chosen is None or NAME not in chosen:
+        raise ConfigError(
+            "`--latency-ms` and `--bandwidth-mbs` set the remote workload's store: add `-w remote`."
+        )
+    for option, value in (("--latency-ms", latency_ms), ("--bandwidth-mbs", bandwidth_mbs)):
+        if value is not None and not value >= 0:
+            raise ConfigError(f"`{option}` must be >= 0. Found: {value!r}.")
+    settings = RemoteSettings(
+        latency_s=DEFAULT_LATENCY_S if latency_ms is None else latency_ms / 1000,
+        bandwidth=DEFAULT_BANDWIDTH
+        if bandwidth_mbs is None
+        else (bandwidth_mbs * 1e6 if bandwidth_mbs else None),
+    )
+    workload = remote_workload(settings)
+    return [workload if w == NAME else w for w in chosen]
 
 
 register(remote_workload())
