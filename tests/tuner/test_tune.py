@@ -106,6 +106,7 @@ def test_threads_covering_waits_start_the_climb_where_they_keep_one_core_busy():
     assert tune_mod.climb_start(2, 1.0, counts) == 4 and tune_mod.climb_start(2, -1, counts) == 1
 
 
+@pytest.mark.measures  # the backend probe decides from timings of this machine
 def test_threads_covering_waits_skip_the_main_process_and_the_counts_below_the_start():
     from .tune_factories import Sleepy
 
@@ -120,6 +121,7 @@ def test_threads_covering_waits_skip_the_main_process_and_the_counts_below_the_s
     assert result.best.num_workers >= 4 and result.baseline_rate > 0
 
 
+@pytest.mark.measures  # the backend probe decides from timings of this machine
 def test_processes_for_slow_cpu_batches_skip_the_main_process():
     from .tune_factories import Busy
 
