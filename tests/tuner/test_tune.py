@@ -3,6 +3,7 @@ halving over a given space, the stoker.toml it writes, and its command line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,11 +115,16 @@ def test_threads_covering_waits_skip_the_main_process_and_the_counts_below_the_s
     # Samples that sleep 90% of their time: threads, to cover the waits.
     assert result.notes[0].startswith("backend=thread"), result.notes
     skipped = result.notes[1]
-    assert skipped.startswith("not measured: the main process and fewer than 4 threads"), skipped
+    # The start depends on the wait share measured (90% on a quiet machine: 4 threads on 2
+    # cores; a loaded one queues the woken threads and reads less).
+    found = re.match(r"not measured: the main process and fewer than (\d+) threads", skipped)
+    assert found is not None and int(found.group(1)) >= 2, skipped
+    start = int(found.group(1))
     first = [c for c, _ in result.rounds[0][1]]
     counts = sorted(c.num_workers for c in first)
-    assert counts == [4, 6, 8, 12, 16, 24, 32][: len(counts)] and len(counts) >= 2
-    assert result.best.num_workers >= 4 and result.baseline_rate > 0
+    expected = [n for n in tune_mod.worker_counts(2, waits=True) if n >= start]
+    assert counts == expected[: len(counts)] and len(counts) >= 2
+    assert result.best.num_workers >= start and result.baseline_rate > 0
 
 
 @pytest.mark.measures  # the backend probe decides from timings of this machine
