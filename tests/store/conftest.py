@@ -7,7 +7,6 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,10 @@ HERE = Path(__file__).parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from store_helpers import S3, SAMPLES, free_port, point_at  # noqa: E402 (needs HERE on sys.path)
+
 moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
 pytest.importorskip("s3fs", reason="needs s3fs (the remote extra)")
-
-
-@dataclass
-class S3:
-    port: int
-    endpoint: str
-
-    def client(self):  # boto3 comes with moto: used only to set up and inspect buckets
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing-secret-key",
-            region_name="us-east-1",
-        )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,33 +30,16 @@ def _fsspec_loop_running() -> None:
     fsspec.asyn.get_loop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    port = _free_port()
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
         yield S3(port, f"http://127.0.0.1:{port}")
     finally:
         server.stop()
-
-
-def point_at(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
-    """The store's standard environment, aimed at a server on ``port``."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-key")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
 @pytest.fixture
@@ -93,7 +60,3 @@ def samples_dir(tmp_path: Path) -> Path:
         (src / f"s{i:04d}.bin").write_bytes(os.urandom(1500) + bytes([i % 256]))
         (src / f"s{i:04d}.cls").write_text(str(i))
     return src
-
-
-SAMPLES = 60
-SHARD_SIZE = 16_000

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from _proxy import FaultProxy
+from store_helpers import S3, SHARD_SIZE, point_at
 
 import stoker
-from conftest import S3, SHARD_SIZE, point_at
 from stoker.shards import CorruptShardError, ShardDataset, pack
 from stoker.store import _retry
 
@@ -68,13 +68,13 @@ _DIES = """
 import logging, os, sys, time
 sys.path.insert(0, {here!r})
 from moto.server import ThreadedMotoServer
-from conftest import SHARD_SIZE, _free_port
+from store_helpers import SHARD_SIZE, free_port
 from stoker.store import _retry
 import stoker
 from stoker.shards import ShardDataset, pack
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 _retry.TOTAL_SECONDS, _retry.FIRST_DELAY, _retry.MAX_DELAY = {retry}, 0.05, 0.2
-port = _free_port()
+port = free_port()
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
 server.start()
 os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{{port}}", AWS_ACCESS_KEY_ID="testing",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from store_helpers import S3, SAMPLES, SHARD_SIZE
 
 import stoker
-from conftest import S3, SAMPLES, SHARD_SIZE
 from stoker.shards import IncompleteShardsError, ShardDataset, ShardError, pack
 from stoker.shards._index import read_index
 from stoker.store import ShardCache, StoreURLError
@@ -87,8 +87,7 @@ def test_two_loaders_sharing_a_cache_download_each_shard_once(
     s3_server: S3, samples_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from _proxy import FaultProxy
-
-    from conftest import point_at
+    from store_helpers import point_at
 
     name = "shared-cache"
     s3_server.client().create_bucket(Bucket=name)
@@ -204,8 +203,7 @@ def test_each_rank_downloads_only_the_shards_it_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     from _proxy import FaultProxy
-
-    from conftest import point_at
+    from store_helpers import point_at
 
     index = pack(samples_dir, f"s3://{bucket}/ds", shard_size=SHARD_SIZE)
     with FaultProxy(s3_server.port) as proxy:
