@@ -24,6 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from stoker.workers._loop import WorkerSpec
+from stoker.workers._threads import ThreadPool
 
 # Seconds a deliberately slow sample sleeps. Long against a normal fetch (microseconds), short
 # enough that a test waiting for it stays quick.
@@ -566,3 +570,34 @@ class SelfKillingDataset(Dataset[int]):
                 f.write(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
         return index
+
+
+class EventGatedDataset(Dataset[int]):
+    """Samples ``gated`` (every one by default) wait until ``gate`` is set: a worker stays
+    inside a batch as long as a test needs."""
+
+    def __init__(self, n: int = 64, gated: Sequence[int] | None = None) -> None:
+        self.n = n
+        self.gated = set(range(n) if gated is None else gated)
+        self.gate = threading.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.gated:
+            self.gate.wait()
+        return i
+
+
+def thread_pool(dataset: Any, workers: int = 1) -> ThreadPool:
+    """A real :class:`stoker.workers._threads.ThreadPool` over a map-style ``dataset``."""
+    return ThreadPool(
+        [
+            WorkerSpec(
+                i, workers, i, "", "", 0, 1, iterable=False, auto_collation=True, drop_last=False
+            )
+            for i in range(workers)
+        ],
+        (dataset, default_collate, None),
+    )

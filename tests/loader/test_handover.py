@@ -160,7 +160,7 @@ def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 10**6)  # decided below, not by the meter
     loader = stoker.DataLoader(Slow(), batch_size=8, num_workers="auto")
     it = iter(loader)
-    assert it._handover == "watch" and it._backend == "process"
+    assert it._handover.state == "watch" and it._backend == "process"
     # The pool starts at the watch's size and stays there until it is decided.
     controller = it._scaler.controller
     assert len(it._pool.active) == _switch.watch_workers(10**6)
@@ -168,16 +168,19 @@ def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
     seen = [int(v) for v in next(it)[:, 0]]
     time.sleep(0.03)  # every process is inside a batch
     given_up: list[int] = []
-    take_back = it._take_back
-    monkeypatch.setattr(it, "_take_back", lambda msg: (given_up.append(msg[2]), take_back(msg)))
+    handover = it._handover
+    take_back = handover.take_back
+    monkeypatch.setattr(
+        handover, "take_back", lambda msg, *rest: (given_up.append(msg.idx), take_back(msg, *rest))
+    )
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 1)
-    monkeypatch.setattr(it._gil, "readings", lambda: [0.0])
+    monkeypatch.setattr(handover.meter, "readings", lambda: [0.0])
     it._watch_gil(None)  # the loop leaves the GIL free: hand over
-    assert it._handover == "drain" and it._handback  # queued tasks taken back
+    assert handover.state == "drain" and handover.handback  # queued tasks taken back
     # Not queued, not answered: being loaded (or sent) when it was decided.
-    loading = set(it._book.pending()) - set(it._handback)
+    loading = set(it._ctx.book.pending()) - set(handover.handback)
     seen += [int(v) for batch in it for v in batch[:, 0]]
     assert seen == list(range(160))
     assert given_up and set(given_up) <= loading, (given_up, loading)
-    assert it._backend == "thread" and not it._handback
+    assert it._backend == "thread" and not handover.handback
     del it, loader

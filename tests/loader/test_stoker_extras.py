@@ -383,7 +383,7 @@ def test_large_batches_after_small_ones_and_back() -> None:
 
 
 def test_batches_over_the_slot_budget_fall_back_intact(monkeypatch: pytest.MonkeyPatch) -> None:
-    import stoker.loader._iterator as engine
+    import stoker.loader._start as engine
 
     monkeypatch.setattr(engine, "MIN_SLOT_BUDGET", 1 << 20)
     monkeypatch.setattr(engine, "SHM_BUDGET_FRACTION", 0.0)
@@ -874,7 +874,7 @@ def test_an_epoch_let_go_and_then_iterated_on_is_whole(backend: str) -> None:
     new = iter(loader)
     assert next(new).tolist() == [0, 1]
     del old
-    assert inner._let_go_tasks == []
+    assert inner._ctx.let_go == []
     assert [b.tolist() for b in new] == [[i, i + 1] for i in range(2, 40, 2)]
     del it, new, loader, inner
     gc.collect()
@@ -896,17 +896,16 @@ def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(mo
     import stoker
     from stoker._introspect.platform import usable_cores
     from stoker.autotune import _scaling
-    from stoker.loader import _loader as loader_module
 
     cores = usable_cores()
-    monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 2)
     monkeypatch.setattr(_scaling, "CONTROL_INTERVAL_S", 0.02)
     monkeypatch.setattr(_scaling, "SLOW_START_INTERVALS", 4)
     loader = stoker.DataLoader(_Napping(), batch_size=2, num_workers="auto", backend="process")
+    loader._start_with(cores + 2)
     it = iter(loader)
     scaler, pool = it._scaler, it._pool
     assert scaler is not None and scaler.window == cores
-    assert it._book.outstanding == cores
+    assert it._ctx.book.outstanding == cores
     assert len(pool.active) == cores and scaler.deferred == 2  # the other two wait
     assert f"slow start: {cores} of {cores + 2} workers started" in " ".join(it._notes)
     assert [int(x) for b in it for x in b] == list(range(200))
@@ -932,12 +931,11 @@ def test_a_slow_start_on_busy_cores_never_starts_the_deferred_workers(monkeypatc
     import stoker
     from stoker._introspect.platform import usable_cores
     from stoker.autotune import _scaling
-    from stoker.loader import _loader as loader_module
 
     cores = usable_cores()
-    monkeypatch.setattr(loader_module, "AUTO_START_WORKERS", cores + 6)
     monkeypatch.setattr(_scaling, "CONTROL_INTERVAL_S", 0.02)
     loader = stoker.DataLoader(_Busy(), batch_size=2, num_workers="auto", backend="process")
+    loader._start_with(cores + 6)
     it = iter(loader)
     pool = it._pool
     assert [int(x) for b in it for x in b] == list(range(64))

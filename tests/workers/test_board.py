@@ -5,20 +5,20 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from typing import Any
 
 import pytest
 import torch.utils.data as tud
 
 from stoker.workers import _fetch
 from stoker.workers._board import Board, run_length
+from stoker.workers._messages import BatchTask
 
 # How long the sharing test's blocked sample waits for the rest of its batch before failing.
 RELEASE_WAIT_S = 10.0
 
 
-def _task(epoch: int, idx: int, size: int) -> tuple[Any, ...]:
-    return ("B", epoch, idx, 0, list(range(idx * size, (idx + 1) * size)))
+def _task(epoch: int, idx: int, size: int) -> BatchTask:
+    return BatchTask(epoch, idx, 0, list(range(idx * size, (idx + 1) * size)))
 
 
 def _never() -> bool:

@@ -1,7 +1,7 @@
 """How fast ``num_workers="auto"`` gets up to speed: ramp runs from 1 worker and from 16.
 
 A ramp run builds a fresh auto loader whose controller starts from a given worker count
-(:data:`stoker.loader._loader.AUTO_START_WORKERS`), iterates for the plan's ``ramp_s`` seconds from
+(``DataLoader._start_with``), iterates for the plan's ``ramp_s`` seconds from
 ``iter()`` (the backend probe and worker start-up included) and records when each batch
 arrived. The rate over a sliding window is compared with a reference rate, the auto
 contender's median from the timed runs (where its controller had settled), and the ramp ends
@@ -76,25 +76,21 @@ def measure_ramp(
     """One ramp run (see the module docstring)."""
     from stoker.loader import _loader as loader_module
 
-    saved = loader_module.AUTO_START_WORKERS
-    loader_module.AUTO_START_WORKERS = start_workers
-    try:
-        sampler = (
-            None
-            if isinstance(dataset, tud.IterableDataset)
-            else SeededSampler(len(dataset), _SAMPLES, seed=-2)
-        )
-        loader: Any = loader_module.DataLoader(
-            dataset,
-            batch_size=workload.batch_size,
-            sampler=sampler,
-            num_workers="auto",
-            prefetch_factor="auto",
-            multiprocessing_context=multiprocessing_context,
-            timeout=BATCH_TIMEOUT_S,
-        )
-    finally:
-        loader_module.AUTO_START_WORKERS = saved
+    sampler = (
+        None
+        if isinstance(dataset, tud.IterableDataset)
+        else SeededSampler(len(dataset), _SAMPLES, seed=-2)
+    )
+    loader: Any = loader_module.DataLoader(
+        dataset,
+        batch_size=workload.batch_size,
+        sampler=sampler,
+        num_workers="auto",
+        prefetch_factor="auto",
+        multiprocessing_context=multiprocessing_context,
+        timeout=BATCH_TIMEOUT_S,
+    )
+    loader._start_with(start_workers)
     times: list[float] = []
     counts: list[int] = []
     total = 0

@@ -12,6 +12,7 @@ from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
 from stoker.sampling._seeding import batch_seed
+from stoker.workers._messages import BatchTask
 
 __all__ = ["SKIPPED", "TaskBook", "batch_task"]
 
@@ -33,10 +34,10 @@ class _Skipped:
 SKIPPED: Any = _Skipped()
 
 
-def batch_task(epoch: int, epoch_seed: int, idx: int, index: Any) -> tuple[Any, ...]:
+def batch_task(epoch: int, epoch_seed: int, idx: int, index: Any) -> BatchTask:
     """The message asking a worker for task ``idx`` of ``epoch``: the samples at ``index``,
     seeded from the task index (whichever worker takes it, whenever)."""
-    return ("B", epoch, idx, batch_seed(epoch_seed, idx), index)
+    return BatchTask(epoch, idx, batch_seed(epoch_seed, idx), index)
 
 
 class TaskBook(Generic[R]):

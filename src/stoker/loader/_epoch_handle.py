@@ -3,10 +3,9 @@
 torch keeps a loader's persistent iterator for the loader's life and hands the same object
 out at every ``iter()``, so a loop that leaves an epoch early (``break`` at a step limit,
 ``next(iter(loader))`` to look at one batch) does not let go of anything the loader can see:
-the workers went on loading the prefetched batches of the abandoned epoch until the next
-``iter()``, competing with whatever the loop did next, an evaluation for instance (measured
-with ``benchmarks/after_break.py`` on the bench's ``heavytail``, 2 cores: in the 1.5 s after a
-``break``, ``num_workers="auto"`` used 1.4-2.5 CPU seconds; with this handle, 0.02-0.07).
+the workers would go on loading the prefetched batches of the abandoned epoch until the next
+``iter()``, competing with whatever the loop does next, an evaluation for instance
+(``benchmarks/after_break.py`` measures the CPU they use).
 
 :class:`EpochHandle` is a thin view of the persistent iterator for one epoch. The loop holds
 it; when the loop drops it before the epoch's end, the iterator takes back the tasks no worker

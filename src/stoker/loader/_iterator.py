@@ -1,62 +1,66 @@
 """The iterator behind ``stoker.DataLoader`` when ``num_workers > 0``.
 
 One object per loader when workers persist (reset each epoch), else one per epoch. It owns the
-worker pool, dispatches batches (map-style: to a shared queue any idle worker reads; iterable:
-round-robin like torch, so the interleaving of worker streams is torch's), reorders replies,
-rebuilds batches as zero-copy views of shared-memory slots, restarts dead workers (their
-batches are dispatched again, so nothing is lost or repeated), and shuts everything down when
-it is deleted, garbage-collected, or the interpreter exits.
+worker pool (a :class:`~stoker.workers._backend.WorkerBackend`: processes or threads, started
+by :mod:`stoker.loader._start`), dispatches batches (map-style: to a shared queue any idle
+worker reads; iterable: to each worker's stream in turn, as torch does), and shuts everything
+down when it is deleted, garbage-collected, or the interpreter exits. Its parts:
+
+* :class:`~stoker.loader._epoch.EpochContext`: the epoch being loaded (number, seed, task
+  book, resume state), replaced at each epoch;
+* :class:`~stoker.loader._replies.ReplyHandler`: books worker replies and turns them into
+  batches (zero-copy views of shared-memory slots), in order;
+* :class:`~stoker.loader._recovery.Supervisor`: hang reports, deaths and restarts (a dead
+  worker's batches are dispatched again, so nothing is lost or repeated);
+* :class:`~stoker.loader._switch.Handover`: the process-to-thread handover, which returns the
+  new pool.
 """
 
+# Over 400 lines: the loop itself (dispatch, receive, deliver, epochs); its parts are elsewhere.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
-import errno
-import itertools
 import multiprocessing as mp
-import os
-import tempfile
 import time
 import weakref
 from typing import Any
 
-import cloudpickle
 from torch.utils.data import dataloader as _torch_dl
 
-from stoker._introspect.platform import shm_dir, shm_free_bytes, usable_cores
 from stoker.autotune._scaling import AutoScaler
-from stoker.errors import ConfigError, SharedMemoryError, WorkerError
+from stoker.device import DeviceStage, make_stage
+from stoker.errors import WorkerError
 from stoker.faults import FailureTally
 from stoker.loader._datapipes import next_epoch_seed, seeded_per_epoch, sharding_worker_init
 from stoker.loader._dispatch import TaskBook, batch_task
-from stoker.loader._recovery import RecoveryMixin
-from stoker.loader._replies import ReplyMixin
-from stoker.loader._stats import LoaderStats, WorkerStats
-from stoker.loader._streams import StreamRouter
-from stoker.loader._switch import HandoverMixin, watch_workers
-from stoker.sampling._resume import EpochState, stateful, warn_fast_forward
+from stoker.loader._epoch import DatasetChanges, EpochContext
+from stoker.loader._recovery import Supervisor
+from stoker.loader._replies import ReplyHandler, worker_stats
+from stoker.loader._start import (
+    shared_memory_directory,
+    size_pool,
+    slot_map,
+    spec_fields,
+    start_pool,
+)
+from stoker.loader._stats import LoaderStats
+from stoker.loader._switch import Handover
+from stoker.sampling._resume import EpochState
 from stoker.sampling._seeding import epoch_seed
-from stoker.transport import SlotMap, reclaim_stale_pools, slot_prefix
 from stoker.workers import WorkerPool
-from stoker.workers._epoch_sync import AttributeTracker
+from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
+from stoker.workers._messages import EpochStart, Ready, Reply, Retired, StartFailed
 from stoker.workers._process import worker_pid
 from stoker.workers._spawn import check_main_guard, fallback_backend
-from stoker.workers._status import IDLE
 from stoker.workers._threads import ThreadPool
 
 __all__ = ["MultiWorkerIterator"]
 
 # Longest single wait for worker replies; between waits dead workers and timeouts are checked.
 WAIT_SLICE_S = 0.5
-# Share of the free shared-memory space all workers' slots together may take.
-SHM_BUDGET_FRACTION = 0.5
-# Every worker may hold at least this many bytes of slots, whatever the free space says.
-MIN_SLOT_BUDGET = 64 << 20
 _PROTOCOL = 5
-_POOL_IDS = itertools.count()
 _LIVE: weakref.WeakSet[MultiWorkerIterator] = weakref.WeakSet()
 
 
@@ -67,122 +71,70 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised by a subprocess tes
             it._shutdown()
 
 
-class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._BaseDataLoaderIter):
+class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
         check_main_guard()  # a spawn child re-importing a script without a __main__ guard
         rng_at_start = EpochState.capture_rng(loader.generator)
         super().__init__(loader)
+        settings = self._settings = loader._worker_settings()
         self._dataset = seeded_per_epoch(self._dataset, self._shared_seed)  # datapipes: torch's
         self._pool: WorkerPool | ThreadPool | None = None
-        self._book: TaskBook[tuple[tuple[Any, ...], Any]] = TaskBook(loader.in_order)
-        self._in_order: bool = loader.in_order
-        self._prefetch = max(1, int(loader.prefetch_factor or 2))
+        self._handover: Handover | None = None  # processes watched for a handover to threads
+        self._in_order: bool = settings.in_order
+        self._prefetch = settings.prefetch
         self._iterable = self._dataset_kind == _torch_dl._DatasetKind.Iterable
-        self._policy = loader.failure_policy
+        self._policy = settings.policy
         self._tally = FailureTally(self._policy, loader.failures)
         self._ended: dict[str, LoaderStats] = loader._ended
-        self._restarts_left: int = loader.max_worker_restarts
-        self._restarts = 0
-        self._epoch = -1
+        self._supervisor = Supervisor(settings.max_worker_restarts, self._iterable)
+        self._ctx = EpochContext(
+            seed=int(self._base_seed), book=TaskBook(self._in_order), workers=self._num_workers
+        )
         self._generation = 0  # epochs begun (see stoker.loader._epoch_handle)
-        self._let_go_tasks: list[tuple[Any, ...]] = []  # taken back by let_go()
-        self._epoch_seed: int = int(self._base_seed)
         self._iter_epoch = 0  # epochs this iterator started before the current one
-        self._state: EpochState | None = None
-        self._sampler_done = False
-        self._active = [True] * self._num_workers
-        self._streams = StreamRouter(self._num_workers, self._in_order)
-        self._device = loader.device
-        self._device_stage: Any = None
-        self._tracker = AttributeTracker(self._dataset)
-        self._all_changes: dict[tuple[str, ...], Any] = {}
-        self._last_set_epoch: int | None = None
+        self._device = settings.device
+        self._device_stage: DeviceStage | None = None
+        self._changes = DatasetChanges(self._dataset)
         self._started = time.monotonic()
-        self._worker_batches: collections.Counter[int] = collections.Counter()
-        self._worker_busy: collections.Counter[int] = collections.Counter()
-        self._wait_s = 0.0
-        self._fallbacks = 0
-        self._warned_no_room = False
-        self._spilled = 0
 
-        ctx = loader.multiprocessing_context or mp.get_context()
-        directory = shm_dir()
-        if not (os.path.isdir(directory) and os.access(directory, os.W_OK)):
-            raise SharedMemoryError(
-                errno.ENOENT,
-                f"The shared-memory directory {directory!r} does not exist or is not writable: "
-                "point STOKER_SHM_DIR at a writable tmpfs directory (or unset it for /dev/shm), "
-                'or use `backend="thread"`, which needs no shared memory.',
-            )
-        reclaim_stale_pools(directory)
-        if loader.shm != "require":
-            reclaim_stale_pools(tempfile.gettempdir())  # spill directories (WorkerPool)
-        n = self._num_workers
-        budget = max(MIN_SLOT_BUDGET, int(shm_free_bytes(directory) * SHM_BUDGET_FRACTION / n))
-        prefix = slot_prefix(os.getpid(), next(_POOL_IDS))
-        # Intra-op threads per worker: a share of the cores, but one under fork. libgomp is
-        # not fork-safe: a forked child whose parent ran an OpenMP team hangs in its first
-        # parallel region with more than one thread (torch's workers run one thread too).
-        forked = ctx.get_start_method() == "fork"
-        threads = 1 if forked else max(1, usable_cores() // n)
-        self._spec_base: dict[str, Any] = {
-            "shm_dir": directory,
-            "slot_prefix": prefix,
-            "slot_budget": budget,
-            "threads": threads,
-            "iterable": self._iterable,
-            "auto_collation": self._auto_collation,
-            "drop_last": self._drop_last,
-            "on_error": self._policy.on_error,
-            "shm_require": loader.shm == "require",
-        }
-        init = sharding_worker_init(self._dataset, loader.worker_init_fn, self._world_size, self._rank)
+        ctx = settings.mp_context or mp.get_context()
+        directory = shared_memory_directory(spill=not settings.shm_require)
+        self._spec_base: dict[str, Any] = spec_fields(
+            directory,
+            self._num_workers,
+            ctx.get_start_method(),
+            iterable=self._iterable,
+            auto_collation=self._auto_collation,
+            drop_last=self._drop_last,
+            on_error=self._policy.on_error,
+            shm_require=settings.shm_require,
+        )
+        init = sharding_worker_init(
+            self._dataset, settings.worker_init_fn, self._world_size, self._rank
+        )
         payload = self._payload = (self._dataset, self._collate_fn, init)
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
-        self._backend = fallback_backend(loader._resolved_backend, ctx.get_start_method())
-        self._notes: list[str] = list(loader._backend_notes)
-        self._scaler: AutoScaler | None = None
-        capacity = n
-        if loader._auto_workers and not self._iterable:
-            self._scaler = AutoScaler.for_pool(
-                self._backend, n, self._prefetch, loader._auto_prefetch
-            )
-            capacity = self._scaler.controller.max_workers
-            if loader._probed_wait_share is not None:  # until the workers' spans tell
-                self._scaler.controller.assume_blocked(loader._probed_wait_share)
-            if self._watching(loader):
-                # The loading waits (the probe saw it), and the pool stays at the watch's
-                # size until it is decided: no slow start, that many now.
-                n = now = watch_workers(n)
-            else:
-                now = self._scaler.slow_start(n)
-            if now < n:
-                self._notes.append(
-                    f"slow start: {now} of {n} workers started (one batch in flight per core); "
-                    "the rest start as idle cores show the loading waits"
-                )
-                n = now
-        specs = self._specs(n)
-        if self._backend == "thread":
-            self._pool = ThreadPool(specs, payload, capacity=capacity)
-        else:
-            self._pool = WorkerPool(ctx, specs, payload, capacity=capacity)
-        registry = None
-        if self._device is not None or self._pin_memory:
-            from stoker.device import HostRegistry
-
-            registry = HostRegistry()
-        if isinstance(self._pool, WorkerPool):
-            self._slots = SlotMap(self._pool.shm_dir, registry, spill=self._pool.spill_dir)
-        else:
-            self._slots = SlotMap(registry=registry)
+        self._backend = fallback_backend(settings.backend, ctx.get_start_method())
+        self._notes: list[str] = list(settings.notes)
+        size = size_pool(
+            settings, self._backend, self._num_workers, self._prefetch, self._iterable, self._notes
+        )
+        self._scaler: AutoScaler | None = size.scaler
+        specs = self._specs(size.workers)
+        self._pool = start_pool(self._backend, ctx, specs, payload, size.capacity)
+        self._slots = slot_map(self._pool, self._device is not None or self._pin_memory)
+        pin_device = self._pin_memory_device if self._pin_memory else None
+        self._replies = ReplyHandler(
+            self._slots, self._tally, auto_collation=self._auto_collation, pin_device=pin_device
+        )
         self._workers = self._pool.processes
-        self._watch_for_handover(loader)
+        if Handover.wanted(settings, self._scaler, self._backend):
+            assert self._scaler is not None
+            running = len(self._pool.active)
+            self._handover = Handover(self._scaler, running, loader, self._started)
         self._ready: set[int] = set()
-        self._fast_forward: set[int] = set()
-        self._jump = False
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
@@ -208,24 +160,25 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 loader.generator, self._index_sampler
             )
             self._sampler_iter = iter(self._index_sampler)
-        self._epoch_seed = epoch_seed(int(self._base_seed), self._iter_epoch)
+        seed = self._ctx.seed = epoch_seed(int(self._base_seed), self._iter_epoch)
         pool = self._pool
         if pool is None or pool.closed:
             return
-        self._handback = {}  # tasks of the last epoch taken back for a handover
+        if self._handover is not None:
+            self._handover.handback = {}  # tasks of the last epoch taken back for threads
         self._generation += 1
-        self._let_go_tasks = []  # the last epoch's, taken back when the loop let go of it
-        if self._book.outstanding:
+        last = self._ctx
+        if last.book.outstanding:
             # The last epoch was abandoned (early `break`): forget what it left behind.
             if not self._iterable:
                 pool.drain_tasks()
-            for msg, _ in self._book.replies():
-                self._discard(msg)
-        self._epoch = resume.epoch if resume is not None else loader._epochs_started
-        loader._epochs_started = self._epoch + 1
-        pool.status.set_epoch(self._epoch)  # workers give up the last epoch's batches
-        self._state = EpochState(
-            epoch=self._epoch,
+            for arrived in last.book.replies():
+                self._replies.discard(arrived.reply)
+        epoch = resume.epoch if resume is not None else loader._epochs_started
+        loader._epochs_started = epoch + 1
+        pool.status.set_epoch(epoch)  # workers give up the last epoch's batches
+        state = EpochState(
+            epoch=epoch,
             rng=rng_at_start if resume is None or resume.rng is None else resume.rng,
             sampler=EpochState.capture_sampler(self._index_sampler),
             delivered=set(resume.delivered) if resume is not None else set(),
@@ -233,83 +186,36 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             iter_epoch=self._iter_epoch,
             workers=self._num_workers,
         )
-        loader._epoch_state = self._state
+        self._ctx = EpochContext(
+            epoch, seed, TaskBook(self._in_order), state, workers=self._num_workers
+        )
+        loader._epoch_state = state
         if self._device is not None:
-            from stoker.device import make_stage
-
             self._device_stage = stage = make_stage(self._next_host, self._device)
-            self._state.in_flight = lambda: stage.in_flight
-        self._book = TaskBook(self._in_order)
-        self._fast_forward = set()
-        # An iterable dataset resumes from each worker's saved position when it can save one
-        # (process workers: threads share one dataset object); else its streams replay.
+            state.in_flight = lambda: stage.in_flight
         jump_states = None
-        self._jump = False
-        if resume is not None and resume.delivered and self._iterable:
-            if not stateful(self._dataset):
-                warn_fast_forward(len(resume.delivered), "it has no `state_dict`/`load_state_dict`")
-            elif self._backend != "process" or resume.workers != self._num_workers:
-                warn_fast_forward(
-                    len(resume.delivered),
-                    f"its per-worker positions were saved by {resume.workers} workers, not "
-                    f"{self._num_workers} {self._backend} workers",
-                )
-            else:
-                self._jump = True
-                jump_states = dict(resume.worker_states)
-                self._state.worker_states.update(jump_states)
+        if resume is not None and self._iterable:
+            jump_states = self._ctx.resume_streams(resume, self._dataset, self._backend)
         if self._scaler is not None:
             self._scaler.retiring = 0  # a retire request drained with the old tasks is void
             if not first_iter:
                 self._scaler.new_epoch()
-        self._sampler_done = False
-        self._active = [True] * self._num_workers
-        self._streams = StreamRouter(self._num_workers, self._in_order)
-        self._wait_s = 0.0
         self._tally.new_epoch()
-        changes = self._tracker.changes()
-        for path, value in changes:
-            self._all_changes = {
-                k: v for k, v in self._all_changes.items() if k[: len(path)] != path
-            }
-            self._all_changes[path] = value
-        if loader._epoch_request is not None:
-            self._last_set_epoch = loader._epoch_request
-        start = self._epoch_message(changes, loader._epoch_request, jump_states)
+        start = self._changes.start(
+            epoch, loader._epoch_request, jump_states, pickled=self._backend == "process"
+        )
         loader._epoch_request = None
         for i in pool.active:
             pool.send_ctrl(i, start)
         self._fill()
 
-    def _epoch_message(
-        self,
-        changes: list[tuple[tuple[str, ...], Any]],
-        set_epoch: Any,
-        worker_states: dict[int, Any] | None = None,
-    ) -> tuple[Any, ...]:
-        blob: Any = None
-        if changes and self._backend != "process":
-            blob = changes  # threads copy only iterable datasets, and take the objects as-is
-        elif changes:
-            try:
-                blob = cloudpickle.dumps(changes)
-            except Exception as exc:
-                names = ", ".join("dataset." + ".".join(path) for path, _ in changes)
-                raise ConfigError(
-                    f"The dataset attributes {names} changed in the main process since the last "
-                    f"epoch, but stoker cannot send them to the persistent workers: {exc}. Keep "
-                    "unpicklable objects (open files, locks, sockets) out of attributes that "
-                    "change between epochs, or pass `persistent_workers=False`."
-                ) from exc
-        return ("E", self._epoch, blob, set_epoch, worker_states)
-
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
         pool = self._pool
-        if pool is None or pool.closed or self._handover == "drain":
+        if pool is None or pool.closed or self._draining():
             return
-        book = self._book
-        delivered = self._state.delivered if self._state is not None else ()
+        book = self._ctx.book
+        delivered = self._ctx.delivered_before()
         limit = self._prefetch * len(pool.active)
         scaler = self._scaler
         if scaler is not None and scaler.window is not None:
@@ -317,29 +223,29 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 scaler.end_slow_start()  # the slow start is over
             else:
                 limit = scaler.window
-        while not self._sampler_done and book.outstanding < limit:
+        while not self._ctx.sampler_done and book.outstanding < limit:
             worker = None
             if self._iterable:
-                worker = self._streams.pick(self._active, book.pending(), limit)
+                worker = self._ctx.streams.pick(self._ctx.active, book.pending(), limit)
                 if worker is None:  # every stream ended, or (in_order=False) all at their share
-                    self._sampler_done = not any(self._active)
+                    self._ctx.sampler_done = not any(self._ctx.active)
                     return
             try:
                 index = self._next_index()
             except StopIteration:
-                self._sampler_done = True
+                self._ctx.sampler_done = True
                 return
             idx = book.issue(index)
             if idx in delivered:  # resumed epoch: delivered before the checkpoint
-                if not self._iterable or self._jump:
+                if not self._iterable or self._ctx.jump:
                     book.skip(idx)
                     continue
-                self._fast_forward.add(idx)  # a stream must pass it: load it, then drop it
-            msg = batch_task(self._epoch, self._epoch_seed, idx, index)
+                self._ctx.fast_forward.add(idx)  # a stream must pass it: load it, then drop it
+            msg = batch_task(self._ctx.epoch, self._ctx.seed, idx, index)
             if worker is None:
                 pool.put_task(msg)
             else:
-                self._streams.sent(idx, worker)
+                self._ctx.streams.sent(idx, worker)
                 pool.send_ctrl(worker, msg)
 
     def let_go(self, generation: int) -> None:
@@ -359,20 +265,20 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             or pool is None
             or pool.closed
             or self._iterable
-            or self._handover == "drain"
-            or self._book.outstanding == 0
+            or self._draining()
+            or self._ctx.book.outstanding == 0
         ):
             return
-        self._let_go_tasks.extend(pool.drain_tasks())
+        self._ctx.let_go.extend(pool.drain_tasks())
         if self._scaler is not None:
             self._scaler.retiring = 0  # a retire request drained with the tasks is void
 
     def _redispatch_let_go(self) -> None:
         pool = self._pool
-        tasks, self._let_go_tasks = self._let_go_tasks, []
+        tasks, self._ctx.let_go = self._ctx.let_go, []
         if pool is None or pool.closed:
             return
-        for msg in sorted(tasks, key=lambda m: m[2]):  # by batch index, as first dispatched
+        for msg in sorted(tasks, key=lambda m: m.idx):  # by batch index, as first dispatched
             pool.put_task(msg)
 
     # -- receiving -----------------------------------------------------------------------
@@ -384,28 +290,29 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
 
     def _next_host(self) -> tuple[int, Any]:
         t0 = time.perf_counter()
-        book = self._book
-        if self._let_go_tasks:  # the epoch goes on after all: the workers get them back
+        book = self._ctx.book
+        if self._ctx.let_go:  # the epoch goes on after all: the workers get them back
             self._redispatch_let_go()
         while True:
-            if self._handover == "drain" and self._drained():
-                self._hand_over()  # the processes hold no batch: threads take over
-                self._fill()
+            if self._handover is not None and self._handover.draining:
+                if self._handover.drained(book.pending()):
+                    self._hand_over()  # the processes hold no batch: threads take over
+                    self._fill()
             got = book.pop()
-            self._count_failures(got)
+            self._replies.count_failures(self._ctx, got)
             if got is not None:
                 self._fill()
-                self._wait_s += time.perf_counter() - t0
+                self._ctx.wait_s += time.perf_counter() - t0
                 if self._scaler is not None:
                     self._control()
-                return got[0], self._deliver(*got)
-            if book.outstanding == 0 and self._sampler_done:
+                return got[0], self._replies.deliver(self._ctx, got[0], got[1], self._pool)
+            if book.outstanding == 0 and self._ctx.sampler_done:
                 # Every worker must have reported its setup: a worker_init_fn that fails in
                 # a worker nobody waited on must still surface (torch raises it too).
                 self._await_ready(t0)
-                self._wait_s += time.perf_counter() - t0
-                if self._state is not None:
-                    self._state.finished = True
+                self._ctx.wait_s += time.perf_counter() - t0
+                if self._ctx.state is not None:
+                    self._ctx.state.finished = True
                 if not self._persistent_workers:
                     self._shutdown()
                 self._ended["stats"] = self.stats()
@@ -424,7 +331,9 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
             if timeout > 0:
                 left = t0 + timeout - time.perf_counter()
                 if left <= 0:
-                    self._raise_timeout(timeout)
+                    raise self._supervisor.timeout_error(
+                        pool, self._ctx.book, self._ctx.epoch, timeout
+                    )
                 wait = min(wait, left)
             msgs = pool.receive(wait)
             for msg in msgs:
@@ -435,6 +344,40 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
                 for msg in leftovers:
                     self._handle(msg)
                 self._worker_died(worker_id, pid, code)
+
+    def _handle(self, msg: Reply) -> None:
+        """Act on one worker reply (see :class:`ReplyHandler` for replies to tasks)."""
+        if isinstance(msg, StartFailed):
+            pid = worker_pid(self._workers[msg.worker_id])
+            self._shutdown()
+            raise unpack_exception(msg.error, msg.worker_id, pid, None)
+        if isinstance(msg, Ready):  # a worker finished its setup (worker_init_fn)
+            self._ready.add(msg.worker_id)
+        elif isinstance(msg, Retired):  # a worker retired on request (num_workers="auto")
+            pool = self._pool
+            if pool is not None:
+                if isinstance(pool, WorkerPool):
+                    self._replies.drop_slots_of(pool, msg.worker_id)
+                pool.retired_worker(msg.worker_id)
+            if self._scaler is not None:
+                self._scaler.retired()
+        elif self._replies.take(msg, self._ctx, self._scaler, self._handover):
+            self._fill()  # a skip freed a place
+
+    def _worker_died(self, worker_id: int, pid: int | None, code: int | None) -> None:
+        pool = self._pool
+        assert pool is not None
+        death = (worker_id, pid, code)
+        error = self._supervisor.death_error(
+            pool, death, self._ctx.epoch, loaded_any=bool(self._replies.worker_batches[worker_id])
+        )
+        if error is not None:
+            self._shutdown()
+            raise error
+        self._ready.discard(worker_id)
+        epoch_seed = (self._ctx.epoch, self._ctx.seed)
+        self._supervisor.restart(pool, self._ctx.book, death, epoch_seed, self._catch_up_message())
+        self._workers = pool.processes
 
     def _await_ready(self, t0: float) -> None:
         pool = self._pool
@@ -447,14 +390,14 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         """One step of the ``num_workers="auto"`` controller (at most once per interval)."""
         pool, scaler = self._pool, self._scaler
         assert pool is not None and scaler is not None
-        if self._handover == "drain":
+        if self._draining():
             return  # the pool is about to be replaced: no workers started or retired now
         t, before = time.perf_counter(), len(pool.active)
         decision = scaler.step(
             pool,
-            wait_s=self._wait_s,
-            busy_s=float(sum(self._worker_busy.values())),
-            delivered=self._book.delivered,
+            wait_s=self._ctx.wait_s,
+            busy_s=float(sum(self._replies.worker_busy.values())),
+            delivered=self._ctx.book.delivered,
             on_added=lambda worker_id: pool.send_ctrl(worker_id, self._catch_up_message()),
         )
         changed = len(pool.active) != before or scaler.retiring > 0
@@ -466,60 +409,52 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         self._workers = pool.processes
         self._fill()
 
-    def _catch_up_message(self) -> tuple[Any, ...]:
+    def _draining(self) -> bool:
+        """Decided for threads: dispatch waits until the processes hold no batch."""
+        return self._handover is not None and self._handover.draining
+
+    def _watch_gil(self, changed_since: float | None) -> None:
+        """Let the handover decide (see :meth:`Handover.watch`)."""
+        if self._handover is None or self._pool is None or self._scaler is None:
+            return
+        note = self._handover.watch(changed_since, self._pool, self._scaler)
+        if note is not None:
+            self._notes.append(note)
+
+    def _hand_over(self) -> None:
+        """Replace the drained process pool with threads, mid-epoch."""
+        handover, old, scaler = self._handover, self._pool, self._scaler
+        assert handover is not None
+        if old is None or old.closed or scaler is None:
+            handover.state = None
+            return
+        self._backend = "thread"  # (the catch-up message carries objects, not pickles)
+        catch_up = self._catch_up_message()
+        new = handover.replace(old, scaler, self._prefetch, self._specs, self._payload, catch_up)
+        self._pool, self._scaler, self._workers = new.pool, new.scaler, new.pool.processes
+        self._ready = set()
+        self._notes.append(new.note)
+
+    def _catch_up_message(self) -> EpochStart:
         """An epoch message carrying every change since the pool started (for a new worker)."""
-        changes = list(self._all_changes.items())
-        return self._epoch_message(changes, self._last_set_epoch)
+        return self._changes.catch_up(self._ctx.epoch, pickled=self._backend == "process")
 
     # -- state, stats and shutdown -------------------------------------------------------
 
     def stats(self) -> LoaderStats:
         pool = self._pool
-        now = time.monotonic()
-        elapsed = max(1e-9, now - self._started)
-        workers = []
-        ids = pool.active if pool is not None else range(len(self._workers))
-        for i in ids:
-            p = self._workers[i]
-            alive = pool is not None and not pool.closed and _alive(p)
-            current: tuple[object, ...] | None = None
-            since = None
-            if alive and pool is not None:
-                epoch, task, started = pool.status.task(i)
-                if task != IDLE and epoch == self._epoch:
-                    request = self._book.request(task)
-                    current = tuple(request) if isinstance(request, list) else (request,)
-                    since = started
-            workers.append(
-                WorkerStats(
-                    worker_id=i,
-                    pid=worker_pid(p),
-                    alive=alive,
-                    batches=self._worker_batches[i],
-                    busy_s=self._worker_busy[i],
-                    busy_fraction=min(1.0, self._worker_busy[i] / elapsed),
-                    current_indices=current,
-                    busy_since=since,
-                )
-            )
+        ids = pool.active if pool is not None else list(range(len(self._workers)))
+        elapsed = max(1e-9, time.monotonic() - self._started)
         return LoaderStats(
             backend="thread" if self._backend == "thread" else "process",
             num_workers=len(ids),
-            epoch=max(0, self._epoch),
-            batches=self._book.delivered,
-            samples=self._tally.samples,
-            wait_s=self._wait_s,
-            outstanding=self._book.outstanding,
-            reorder_depth=self._book.waiting,
-            slots=len(self._slots),
-            slots_in_use=self._slots.busy(),
-            slot_bytes=self._slots.nbytes,
-            fallback_batches=self._fallbacks,
-            spilled_batches=self._spilled,
-            failures=len(self._tally.log),
             notes=tuple(self._notes[-20:]),
-            worker_restarts=self._restarts,
-            workers=tuple(workers),
+            worker_restarts=self._supervisor.restarts,
+            workers=tuple(
+                worker_stats(i, self._workers[i], pool, self._ctx, self._replies, elapsed)
+                for i in ids
+            ),
+            **self._replies.delivery_stats(self._ctx),
         )
 
     @property
@@ -529,7 +464,8 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
         return self._pool is not None and self._pool.closed
 
     def _shutdown(self) -> None:
-        self._stop_gil_meter()
+        if self._handover is not None:
+            self._handover.stop()
         pool = self._pool
         if pool is not None and not pool.closed:
             pool.shutdown()
@@ -539,10 +475,3 @@ class MultiWorkerIterator(ReplyMixin, RecoveryMixin, HandoverMixin, _torch_dl._B
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self._shutdown()
-
-
-def _alive(proc: Any) -> bool:
-    try:
-        return bool(proc.is_alive())
-    except (ValueError, AttributeError):
-        return False

@@ -6,6 +6,7 @@ attributes keep working. Keyword-only extras come on top. With ``num_workers=0``
 torch's own; with workers it runs on stoker's engine (see ``stoker.loader._iterator``).
 """
 
+# Over 400 lines: torch's whole constructor documented, with stoker's extras; logic is elsewhere.
 from __future__ import annotations
 
 import functools
@@ -18,10 +19,11 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 import torch.utils.data as tud
 
-from stoker._introspect.platform import usable_cores
+from stoker.device import resolve_device, warn_pin_without_accelerator
 from stoker.errors import ConfigError
 from stoker.faults import Failure, FailurePolicy, OnError
 from stoker.loader._arguments import check_arguments
+from stoker.loader._settings import WorkerSettings, resolve_workers
 from stoker.loader._stats import LoaderStats
 from stoker.sampling._resume import EpochState, ResumeTarget, map_length
 
@@ -29,8 +31,6 @@ __all__ = ["Backend", "DataLoader", "Shm"]
 
 Backend = Literal["process", "thread", "auto"]
 Shm = Literal["auto", "require"]
-#: Workers a loader with ``num_workers="auto"`` starts with (None: the usable cores).
-AUTO_START_WORKERS: int | None = None
 
 # torch added `in_order` in 2.6; older versions must not be passed it.
 _TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(tud.DataLoader.__init__).parameters
@@ -185,6 +185,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         distributed: bool = False,
         shm: Shm = "auto",
     ) -> None:
+        # Over 80 lines: every argument is checked, resolved, then passed on to torch's.
         check_arguments(
             dataset=dataset,
             batch_size=batch_size,
@@ -210,70 +211,30 @@ class DataLoader(tud.DataLoader[_T_co]):
         )
         if not isinstance(num_workers, str):  # a numpy int: stoker's engine tests for `int`
             num_workers = int(num_workers)
-        if config is not None:
-            from stoker.loader._config import load_config
-
-            given: dict[str, Any] = {
-                "backend": backend,
-                "num_workers": num_workers,
-                "prefetch_factor": prefetch_factor,
-                "pin_memory": pin_memory,
-                "persistent_workers": persistent_workers,
-                "in_order": in_order,
-            }
-            defaults = {
-                "backend": None,
-                "num_workers": 0,
-                "prefetch_factor": None,
-                "pin_memory": False,
-                "persistent_workers": None,
-                "in_order": True,
-            }
-            passed: frozenset[str] = getattr(self, "_passed_arguments", frozenset())
-            for key, value in load_config(config).items():
-                if key not in passed and given[key] == defaults[key]:  # the file decides
-                    given[key] = value
-            if given["num_workers"] == 0:  # passed: the file's worker settings do not apply
-                for key in ("prefetch_factor", "persistent_workers"):
-                    if key not in passed:
-                        given[key] = defaults[key]
-            backend = given["backend"]
-            num_workers = given["num_workers"]
-            prefetch_factor = given["prefetch_factor"]
-            pin_memory = given["pin_memory"]
-            persistent_workers = given["persistent_workers"]
-            in_order = given["in_order"]
-        from stoker.device import resolve_device, warn_pin_without_accelerator
-
+        resolved = resolve_workers(
+            backend=backend,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            in_order=in_order,
+            config=config,
+            passed=getattr(self, "_passed_arguments", frozenset()),
+        )
+        backend, num_workers = resolved.backend, resolved.num_workers
+        prefetch_factor, pin_memory = resolved.prefetch_factor, resolved.pin_memory
+        persistent_workers, in_order = resolved.persistent_workers, resolved.in_order
         self.device = resolve_device(device)
         if pin_memory and not torch.cuda.is_available():
             warn_pin_without_accelerator()
-        self._auto_workers = num_workers == "auto"
-        self._auto_prefetch = prefetch_factor == "auto"
-        if backend is None:
-            backend = "auto" if self._auto_workers else "process"
-        if num_workers == "auto":
-            num_workers = AUTO_START_WORKERS or usable_cores()
-        if prefetch_factor == "auto":
-            if num_workers == 0:
-                raise ConfigError(
-                    '`prefetch_factor="auto"` needs workers: pass `num_workers` > 0 or "auto".'
-                )
-            prefetch_factor = 2
+        self._auto_workers, self._auto_prefetch = resolved.auto_workers, resolved.auto_prefetch
         self._resolved_backend: str = backend
-        self._backend_notes: list[str] = []
-        # The probe chose threads to cover waits: the iterator starts processes and hands over
-        # to threads once the training loop leaves the GIL free (stoker.loader._switch).
-        self._threads_wanted = False
-        self._inline_ahead = False  # the probe chose the main process (see stoker.loader._inline)
-        # The share of loading time the probe's serial pass spent waiting (None: not probed):
-        # the num_workers="auto" controller starts from it (Controller.assume_blocked).
-        self._probed_wait_share: float | None = None
+        # A num_workers="auto" start count a tool chose (_start_with): kept as it is.
+        self._start_chosen = False
+        self._init_probe_state()
         policy = FailurePolicy(on_error, max_failures)
         # Set before torch's constructor, which calls `check_worker_number_rationality`.
         self.backend = backend
-        if persistent_workers is None:
-            persistent_workers = isinstance(num_workers, int) and num_workers > 0
         if distributed:
             from stoker.loader._distributed import rank_sampler_for
 
@@ -315,6 +276,22 @@ class DataLoader(tud.DataLoader[_T_co]):
         self.max_failures = max_failures
         self.config = config
         self.max_worker_restarts = max_worker_restarts
+        self.shm = shm
+        self._init_state(distributed)
+
+    def _init_probe_state(self) -> None:
+        """What the backend probe finds at the first ``iter()`` (``backend="auto"``)."""
+        self._backend_notes: list[str] = []
+        # The probe chose threads to cover waits: the iterator starts processes and hands over
+        # to threads once the training loop leaves the GIL free (stoker.loader._switch).
+        self._threads_wanted = False
+        self._inline_ahead = False  # the probe chose the main process (see stoker.loader._inline)
+        # The share of loading time the probe's serial pass spent waiting (None: not probed):
+        # the num_workers="auto" controller starts from it (Controller.assume_blocked).
+        self._probed_wait_share: float | None = None
+
+    def _init_state(self, distributed: bool) -> None:
+        """The loader's own state: failures, epochs, resume, and a distributed coordinator."""
         #: Every sample that failed to load (``on_error="skip"``/``"replace"``), oldest first.
         self.failures: list[Failure] = []
         self._epoch_request: int | None = None
@@ -326,7 +303,6 @@ class DataLoader(tud.DataLoader[_T_co]):
         # not the loader): once a loop's iterator is gone, stats() still describes its epoch.
         self._ended: dict[str, LoaderStats] = {}
         self.distributed = distributed
-        self.shm = shm
         self._coordinator: Any = None
         if distributed:
             from stoker.loader._distributed import Coordinator
@@ -340,9 +316,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._coordinator.begin_epoch(self)
         if self.num_workers > 0 and self._resolved_backend == "auto":
             # Before torch's __iter__: when num_workers="auto" chooses the main process, torch
-            # must see num_workers=0, or it keeps the first iterator as a persistent one (with
-            # its batches loaded ahead and its sampler's pass: 133 MiB on the bench's memory
-            # workload) for the loader's life, though each epoch gets a fresh one.
+            # must see num_workers=0, or it keeps the first iterator (its batches loaded ahead
+            # and its sampler's pass) for the loader's life, though each epoch gets a fresh
+            # one (benchmarks/memory_pss.py shows the memory).
             self._resolve_backend()
         if getattr(self._iterator, "shut_down", False):
             # Persistent workers stopped by an error the loop caught (a worker's death, say):
@@ -378,6 +354,44 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._live = weakref.ref(iterator)
         return iterator
 
+    def _start_with(self, workers: int) -> None:
+        """Start a ``num_workers="auto"`` pool with ``workers`` instead of the usable cores
+        (the controller takes it from there); for tools that time a given start, such as the
+        bench's ramps and ``stoker tune``. Call it before the first ``iter()``.
+
+        Raises:
+            ConfigError: if the loader is not ``num_workers="auto"`` or ``workers`` is not an
+                int >= 1.
+        """
+        if not self._auto_workers:
+            raise ConfigError(
+                '`_start_with` sizes a `num_workers="auto"` pool; this loader has '
+                f"num_workers={self.num_workers}. Pass `num_workers` to size a fixed pool."
+            )
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigError(f"`workers` must be an int >= 1. Found: {workers!r}.")
+        self.num_workers = workers
+        self._start_chosen = True
+
+    def _worker_settings(self) -> WorkerSettings:
+        """The resolved settings an iterator with workers runs with (taken at its start)."""
+        return WorkerSettings(
+            backend=self._resolved_backend,
+            in_order=self.in_order,
+            prefetch=max(1, int(self.prefetch_factor or 2)),
+            policy=self.failure_policy,
+            max_worker_restarts=self.max_worker_restarts,
+            device=self.device,
+            mp_context=self.multiprocessing_context,
+            shm_require=self.shm == "require",
+            worker_init_fn=self.worker_init_fn,
+            auto_workers=self._auto_workers,
+            auto_prefetch=self._auto_prefetch,
+            probed_wait_share=self._probed_wait_share,
+            threads_wanted=self._threads_wanted,
+            notes=tuple(self._backend_notes),
+        )
+
     def _resolve_backend(self) -> None:
         """``backend="auto"``: probe once, in a forked child, and keep the answer.
 
@@ -407,7 +421,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             # threads once the loop is seen to leave the GIL free (see stoker.loader._switch).
             self._resolved_backend = "process"
             self._threads_wanted = True
-            if AUTO_START_WORKERS is None:  # start at the watch's cap (see watch_workers)
+            if not self._start_chosen:  # start at the watch's cap (see watch_workers)
                 self.num_workers = max(self.num_workers, watch_workers(1 << 30))
             self._backend_notes.append(
                 "processes first: threads once the training loop is seen to leave the GIL free"

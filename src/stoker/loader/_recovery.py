@@ -13,16 +13,19 @@ from __future__ import annotations
 import signal
 import time
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from stoker._introspect.platform import shm_dir, shm_free_bytes
 from stoker.errors import WorkerError, WorkerTimeoutError
-from stoker.loader._dispatch import batch_task
+from stoker.loader._dispatch import TaskBook, batch_task
+from stoker.workers._backend import WorkerBackend
+from stoker.workers._messages import EpochStart
 from stoker.workers._process import describe_exit, torch_killed_sentence, worker_pid
 from stoker.workers._spawn import explain_early_worker_death
 from stoker.workers._status import IDLE
 
-__all__ = ["RecoveryMixin"]
+__all__ = ["Supervisor"]
 
 
 def _short(indices: Any, limit: int = 16) -> str:
@@ -34,57 +37,50 @@ def _short(indices: Any, limit: int = 16) -> str:
     return f"[{text}{', ...' if len(items) > limit else ''}]"
 
 
-class RecoveryMixin:
-    """Hang reports and worker restarts for :class:`stoker.loader._iterator.MultiWorkerIterator`."""
+class Supervisor:
+    """Hang reports, deaths and restarts of one iterator's workers (see the module docstring).
 
-    # Provided by the iterator.
-    _pool: Any
-    _book: Any
-    _backend: str
-    _epoch: int
-    _epoch_seed: int
-    _restarts_left: int
-    _restarts: int
-    _worker_batches: Any
-    _workers: Any
-    _ready: set[int]
-    _iterable: bool
+    Args:
+        restarts_left: how many dead workers may still be replaced (``max_worker_restarts``).
+        iterable: the dataset is iterable: its streams cannot resume in a new worker.
+    """
 
-    def _shutdown(self) -> None:  # pragma: no cover - the iterator's
-        raise NotImplementedError
+    def __init__(self, restarts_left: int, iterable: bool) -> None:
+        self.restarts_left = restarts_left
+        self.restarts = 0
+        self._iterable = iterable
 
-    def _catch_up_message(self) -> tuple[Any, ...]:  # pragma: no cover - the iterator's
-        raise NotImplementedError
-
-    def _waited_on(self) -> tuple[int | None, int | None, float | None]:
-        """``(worker id, task index, started)`` of the batch the consumer waits for."""
-        pool = self._pool
-        assert pool is not None
-        pending = sorted(self._book.pending())
+    @staticmethod
+    def waited_on(
+        pool: WorkerBackend, pending: Iterable[int], epoch: int
+    ) -> tuple[int | None, int | None, float | None]:
+        """``(worker id, task index, started)`` of the batch the consumer waits for: the
+        earliest ``pending`` task, and the worker loading it (None if none is)."""
+        waiting = sorted(pending)
         best: tuple[int | None, int | None, float | None] = (
             None,
-            pending[0] if pending else None,
+            waiting[0] if waiting else None,
             None,
         )
         for i in pool.active:
-            epoch, task, started = pool.status.task(i)
-            if task != IDLE and epoch == self._epoch and task in pending:
+            task_epoch, task, started = pool.status.task(i)
+            if task != IDLE and task_epoch == epoch and task in waiting:
                 if best[0] is None or task < (best[1] if best[1] is not None else task + 1):
                     best = (i, task, started)
         return best
 
-    def _raise_timeout(self, timeout: float) -> None:
-        pool = self._pool
-        assert pool is not None
-        worker, task, started = self._waited_on()
-        indices = self._book.request(task) if task is not None else None
+    def timeout_error(
+        self, pool: WorkerBackend, book: TaskBook[Any], epoch: int, timeout: float
+    ) -> WorkerTimeoutError:
+        """The error for a consumer that waited ``timeout`` seconds: the worker loading the
+        awaited batch, its sample indices, and the worker's Python stacks."""
+        worker, task, started = self.waited_on(pool, book.pending(), epoch)
+        indices = book.request(task) if task is not None else None
         lines = [f"DataLoader timed out after {timeout} seconds waiting for a batch."]
         if worker is not None:
             busy = time.monotonic() - started if started else 0.0
             who = (
-                f"pid {worker_pid(pool.processes[worker])}"
-                if self._backend == "process"
-                else "thread"
+                f"pid {worker_pid(pool.processes[worker])}" if pool.kind == "process" else "thread"
             )
             lines.append(
                 f"Worker {worker} ({who}) has been loading batch {task} "
@@ -96,61 +92,97 @@ class RecoveryMixin:
         elif task is not None:
             lines.append(f"No worker has started batch {task} (indices {_short(indices)}) yet.")
         lines.append("Raise `timeout`, or find what blocks in `__getitem__` (stack above).")
-        raise WorkerTimeoutError("\n".join(lines))
+        return WorkerTimeoutError("\n".join(lines))
 
-    def _worker_died(self, worker_id: int, pid: int | None, code: int | None) -> None:
-        pool = self._pool
-        assert pool is not None
-        how = describe_exit(code)
-        if code == -signal.SIGBUS:
-            how += f"; {shm_dir()} has {shm_free_bytes()} bytes free now"
-        if self._restarts_left <= 0 or self._iterable:
-            self._shutdown()
-            why = (
-                "an iterable dataset's stream cannot be resumed in a new worker"
-                if self._iterable and self._restarts_left > 0
-                else "raise `max_worker_restarts` to respawn dead workers"
-            )
-            hint = None
-            if self._backend == "process" and not self._worker_batches[worker_id]:
-                hint = explain_early_worker_death(pool.start_method)
-            killed = torch_killed_sentence(pid, code)
-            opening = (
-                f"{killed} Worker {worker_id} died of {how} while"
-                if killed
-                else f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
-                f"{worker_id} was"
-            )
-            raise WorkerError(
-                f"{opening} loading batches of epoch {self._epoch}; {why}."
-                + (f" {hint}" if hint else "")
-            )
-        self._restarts_left -= 1
-        self._restarts += 1
-        warnings.warn(
-            f"stoker: worker {worker_id} (pid {pid}) died with {how}; restarting it and "
-            f"loading its batches again ({self._restarts_left} restarts left).",
-            RuntimeWarning,
-            stacklevel=4,
+    def death_error(
+        self,
+        pool: WorkerBackend,
+        death: tuple[int, int | None, int | None],
+        epoch: int,
+        loaded_any: bool,
+    ) -> WorkerError | None:
+        """The error a worker's death raises, or None if it is to be restarted.
+
+        Args:
+            pool: the pool it died in.
+            death: ``(worker id, pid, exit code)``.
+            epoch: the epoch being loaded.
+            loaded_any: the worker had delivered a batch (else a process that never reported
+                gets the reasons a spawned child may die at once).
+        """
+        worker_id, pid, code = death
+        if self.restarts_left > 0 and not self._iterable:
+            return None
+        why = (
+            "an iterable dataset's stream cannot be resumed in a new worker"
+            if self._iterable and self.restarts_left > 0
+            else "raise `max_worker_restarts` to respawn dead workers"
         )
-        # Batches still queued or being loaded by live workers are safe; the rest were lost
-        # with the dead worker and go back on the queue (a duplicate reply is ignored).
+        hint = None
+        if pool.kind == "process" and not loaded_any:
+            hint = explain_early_worker_death(getattr(pool, "start_method", "fork"))
+        how = _how(code)
+        killed = torch_killed_sentence(pid, code)
+        opening = (
+            f"{killed} Worker {worker_id} died of {how} while"
+            if killed
+            else f"DataLoader worker (pid {pid}) exited unexpectedly with {how}. Worker "
+            f"{worker_id} was"
+        )
+        return WorkerError(
+            f"{opening} loading batches of epoch {epoch}; {why}." + (f" {hint}" if hint else "")
+        )
+
+    def restart(
+        self,
+        pool: WorkerBackend,
+        book: TaskBook[Any],
+        death: tuple[int, int | None, int | None],
+        epoch_seed: tuple[int, int],
+        catch_up: EpochStart,
+    ) -> None:
+        """Replace a dead worker, and dispatch again the batches lost with it.
+
+        Batches still queued or being loaded by live workers are safe; the rest go back on the
+        queue (a duplicate reply is ignored).
+
+        Args:
+            pool: the pool it died in.
+            book: the epoch's task book.
+            death: ``(worker id, pid, exit code)``.
+            epoch_seed: ``(epoch, epoch seed)`` of the epoch being loaded.
+            catch_up: the epoch message the new worker gets first.
+        """
+        worker_id, pid, code = death
+        epoch, seed = epoch_seed
+        self.restarts_left -= 1
+        self.restarts += 1
+        warnings.warn(
+            f"stoker: worker {worker_id} (pid {pid}) died with {_how(code)}; restarting it and "
+            f"loading its batches again ({self.restarts_left} restarts left).",
+            RuntimeWarning,
+            stacklevel=5,
+        )
         queued = pool.drain_tasks()
         busy = set()
         for i in pool.active:
             if i != worker_id:
-                epoch, task, _ = pool.status.task(i)
-                if task != IDLE and epoch == self._epoch:
+                task_epoch, task, _ = pool.status.task(i)
+                if task != IDLE and task_epoch == epoch:
                     busy.add(task)
-        queued_ids = {m[2] for m in queued if m[0] == "B" and m[1] == self._epoch}
-        lost = [i for i in self._book.pending() if i not in busy and i not in queued_ids]
-        self._ready.discard(worker_id)
+        redo = [m for m in queued if m.epoch == epoch]
+        queued_ids = {m.idx for m in redo}
+        lost = [i for i in book.pending() if i not in busy and i not in queued_ids]
         pool.restart(worker_id)
-        self._workers = pool.processes
-        pool.send_ctrl(worker_id, self._catch_up_message())
-        redo = [m for m in queued if m[0] == "B" and m[1] == self._epoch]
+        pool.send_ctrl(worker_id, catch_up)
         for idx in lost:
-            index = self._book.request(idx)
-            redo.append(batch_task(self._epoch, self._epoch_seed, idx, index))
-        for m in sorted(redo, key=lambda m: m[2]):
+            redo.append(batch_task(epoch, seed, idx, book.request(idx)))
+        for m in sorted(redo, key=lambda m: m.idx):
             pool.put_task(m)
+
+
+def _how(code: int | None) -> str:
+    how = describe_exit(code)
+    if code == -signal.SIGBUS:
+        how += f"; {shm_dir()} has {shm_free_bytes()} bytes free now"
+    return how

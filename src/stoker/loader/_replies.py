@@ -1,15 +1,9 @@
 """What the multi-worker iterator does with each worker reply.
 
-A reply is one tuple, its kind first:
-
-* ``"D"``: a batch loaded (its header names the shared-memory slot holding the batch's
-  bytes; a thread's reply carries the batch itself);
-* ``"X"``: a batch that raised; ``"K"``: a batch of which nothing could be loaded (tolerant
-  ``on_error`` policies);
-* ``"Z"``: an iterable worker's stream ended; ``"Q"``: a batch given up (a later epoch
-  started, or the handover to threads);
-* ``"A"``: a worker is ready; ``"R"``: a worker retired; ``"F"``: a worker failed to start
-  (its ``worker_init_fn`` raised).
+A reply is one of the records of :mod:`stoker.workers._messages`: a batch loaded (in a
+shared-memory slot, or a thread's object), a batch that raised or of which nothing could be
+loaded, an iterable worker's stream that ended, a batch given up (a later epoch started, or the
+handover to threads), or a worker that is ready, retired or failed to start.
 
 Replies of an abandoned epoch, and duplicates after a restart, are discarded and their slots
 released. The rest complete their batch in the task book, which hands batches out (in order
@@ -20,141 +14,156 @@ when delivery reaches it, so ``loader.failures`` is in task order whichever work
 
 from __future__ import annotations
 
+import collections
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
+from stoker.autotune._scaling import AutoScaler
 from stoker.faults import FailureTally
-from stoker.transport import decode, unlink_owned, warn_no_room
+from stoker.loader._epoch import Arrived, EpochContext
+from stoker.loader._stats import WorkerStats
+from stoker.loader._switch import Handover
+from stoker.transport import SlotMap, decode, unlink_owned, warn_no_room
+from stoker.workers import WorkerPool
+from stoker.workers._backend import WorkerBackend
 from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import NO_ROOM, SPILLED
+from stoker.workers._messages import (
+    BatchError,
+    BatchSkipped,
+    GaveUp,
+    Reply,
+    SlotBatch,
+    StreamEnd,
+    TaskReply,
+    ThreadBatch,
+)
 from stoker.workers._process import worker_pid
-from stoker.workers._threads import THREAD_REPLY_FIELDS
+from stoker.workers._status import IDLE
 
-__all__ = ["ReplyMixin"]
+__all__ = ["ReplyHandler", "worker_stats"]
 
 
-class ReplyMixin:
-    """Reply handling and delivery for :class:`stoker.loader._iterator.MultiWorkerIterator`."""
+class ReplyHandler:
+    """Books worker replies into the epoch's task book and turns them into batches.
 
-    # Provided by the iterator (and the handover mixin: _handover, _take_back).
-    _pool: Any
-    _book: Any
-    _backend: str
-    _epoch: int
-    _workers: Any
-    _ready: set[int]
-    _slots: Any
-    _scaler: Any
-    _state: Any
-    _handover: str | None
-    _fast_forward: set[int]
-    _active: list[bool]
-    _worker_batches: Any
-    _worker_busy: Any
-    _tally: FailureTally
-    _fallbacks: int
-    _warned_no_room: bool
-    _spilled: int
-    _auto_collation: bool
-    _pin_memory: bool
-    _pin_memory_device: Any
-    # Methods of the iterator and the handover mixin (annotations only: a stub here would
-    # shadow the handover mixin's method, which comes later in the iterator's bases).
-    _shutdown: Callable[[], None]
-    _fill: Callable[[], None]
-    _take_back: Callable[[tuple[Any, ...]], None]
+    Args:
+        slots: the shared-memory slots batches are mapped from.
+        tally: the loader's failure count (``on_error``).
+        auto_collation: batches of samples (False: ``batch_size=None``).
+        pin_device: pin delivered batches for this device ("": the default accelerator);
+            None: no pinning.
 
-    def _handle(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "F":
-            worker_id, packed = msg[1], msg[2]
-            pid = worker_pid(self._workers[worker_id])
-            self._shutdown()
-            raise unpack_exception(packed, worker_id, pid, None)
-        epoch, idx, wid = msg[1], msg[2], msg[3]
-        if kind == "A":  # a worker finished its setup (worker_init_fn) and is ready
-            self._ready.add(wid)
-            return
-        if kind == "R":  # a worker retired on request (num_workers="auto")
-            pool = self._pool
-            if pool is not None:
-                if self._backend == "process":
-                    self._drop_slots_of(pool, wid)
-                pool.retired_worker(wid)
-            if self._scaler is not None:
-                self._scaler.retired()
-            return
-        if kind == "D":
-            self._slots.forget(msg[6])
-            # A batch in a slot its worker just created paid for the slot (file, mapping, the
-            # first touch of every page: 40-65 ms for the bench's 40-MB large batches), a
-            # one-off cost: neither the spread the prefetch depth is sized to absorb nor
-            # blocking that more workers would cover (the spans that came with it).
-            fresh_slot = msg[5] is not None and msg[5] not in self._slots
-            if msg[5] is not None and epoch == self._epoch:
-                # Map the slot now: its worker may leave (and its file go) before delivery.
-                msg = (*msg, self._slots.open(msg[5]))
-            self._worker_batches[wid] += 1
-            # Seconds each worker spent on the batch (threads may share one), and the
-            # (running, blocked) spans its workers closed meanwhile.
-            work, spans = msg[4]
-            for worker, seconds in work:
-                self._worker_busy[worker] += seconds
-            if self._scaler is not None:
-                if not fresh_slot:
-                    self._scaler.record_latency(sum(seconds for _, seconds in work))
-                    for span in spans:
-                        self._scaler.record_blocked(*span)
-        if epoch != self._epoch or idx not in self._book.pending():
-            self._discard(msg)  # a batch of an abandoned epoch, or a duplicate after a restart
-            return
-        if kind == "Q":  # given up: only for a later epoch, or for the handover to threads
-            if self._handover != "drain":
+    Attributes:
+        worker_batches: batches each worker loaded (by worker id).
+        worker_busy: seconds each worker spent loading.
+        fallbacks: batches that crossed the pipe for want of a slot.
+        spilled: batches delivered from slots in the spill directory.
+    """
+
+    def __init__(
+        self,
+        slots: SlotMap,
+        tally: FailureTally,
+        *,
+        auto_collation: bool,
+        pin_device: str | None,
+    ) -> None:
+        self.slots = slots
+        self.tally = tally
+        self.worker_batches: collections.Counter[int] = collections.Counter()
+        self.worker_busy: collections.defaultdict[int, float] = collections.defaultdict(float)
+        self.fallbacks = 0
+        self.spilled = 0
+        self._warned_no_room = False
+        self._auto_collation = auto_collation
+        self._pin_device = pin_device
+
+    def take(
+        self,
+        msg: TaskReply,
+        ctx: EpochContext,
+        scaler: AutoScaler | None,
+        handover: Handover | None,
+    ) -> bool:
+        """Book a reply to a task; returns whether the task freed a place for dispatch
+        (a skip: nothing to deliver). Replies of an abandoned epoch, and duplicates after a
+        restart, are discarded and their slots released."""
+        mapping = None
+        if isinstance(msg, (SlotBatch, ThreadBatch)):
+            mapping = self._loaded(msg, ctx.epoch, scaler)
+        if msg.epoch != ctx.epoch or msg.idx not in ctx.book.pending():
+            self.discard(msg)
+            return False
+        idx, book = msg.idx, ctx.book
+        if isinstance(msg, GaveUp):  # only for a later epoch, or for the handover to threads
+            if handover is None or not handover.draining:
                 raise RuntimeError(f"stoker: a worker gave up batch {idx} of the current epoch")
-            self._take_back(msg)
-            return
-        if idx in self._fast_forward:  # delivered before the checkpoint: drop it again
-            self._fast_forward.discard(idx)
-            self._discard(msg)
-            if kind == "Z":
-                self._active[wid] = False
-            self._book.skip(idx)
-            self._fill()
-            return
-        if kind == "Z":
-            self._active[wid] = False
-            if len(msg) > 4 and msg[4] is not None and self._state is not None:
-                self._state.worker_states[wid] = msg[4]  # its stream's end
-            self._book.skip(idx)
-            self._fill()
-            return
-        if kind == "K":  # every sample failed: its failures count when delivery passes it
-            self._book.skip(idx, (msg[4], wid))
-            self._fill()
-            return
-        self._book.complete(idx, (msg, self._book.request(idx)))
+            handover.take_back(msg, book.request(idx), ctx.seed)
+            return False
+        if idx in ctx.fast_forward:  # delivered before the checkpoint: drop it again
+            ctx.fast_forward.discard(idx)
+            self.discard(msg)
+            if isinstance(msg, StreamEnd):
+                ctx.active[msg.worker_id] = False
+            book.skip(idx)
+            return True
+        if isinstance(msg, StreamEnd):
+            ctx.active[msg.worker_id] = False
+            if msg.position is not None and ctx.state is not None:
+                ctx.state.worker_states[msg.worker_id] = msg.position  # its stream's end
+            book.skip(idx)
+            return True
+        if isinstance(msg, BatchSkipped):  # its failures count when delivery passes it
+            book.skip(idx, (msg.failures, msg.worker_id))
+            return True
+        book.complete(idx, Arrived(msg, book.request(idx), mapping))
+        return False
 
-    def _count_failures(self, got: tuple[int, Any] | None) -> None:
+    def _loaded(self, msg: SlotBatch | ThreadBatch, epoch: int, scaler: AutoScaler | None) -> Any:
+        """Record a loaded batch's work; returns its slot's mapping (None: no slot)."""
+        mapping = None
+        fresh_slot = False
+        if isinstance(msg, SlotBatch):
+            self.slots.forget(msg.retired)
+            # A batch in a slot its worker just created paid for the slot (file, mapping, the
+            # first touch of every page), a one-off cost: neither the spread the prefetch
+            # depth is sized to absorb nor blocking that more workers would cover.
+            fresh_slot = msg.slot is not None and msg.slot not in self.slots
+            if msg.slot is not None and msg.epoch == epoch:
+                # Map the slot now: its worker may leave (and its file go) before delivery.
+                mapping = self.slots.open(msg.slot)
+        self.worker_batches[msg.worker_id] += 1
+        # Seconds each worker spent on the batch (threads may share one), and the
+        # (running, blocked) spans its workers closed meanwhile.
+        for worker, seconds in msg.work:
+            self.worker_busy[worker] += seconds
+        if scaler is not None and not fresh_slot:
+            scaler.record_latency(sum(seconds for _, seconds in msg.work))
+            for span in msg.spans:
+                scaler.record_blocked(*span)
+        return mapping
+
+    def count_failures(self, ctx: EpochContext, got: tuple[int, Arrived] | None) -> None:
         """Record the failures of the tasks delivery just passed, in task order: those of
         skipped batches, then those of the batch ``got`` (if any) is about to deliver. The
         list and the limit then do not depend on which worker finished first. If the limit is
         exceeded, the batch is released and not delivered."""
         try:
-            for failures, wid in self._book.passed_notes():
-                self._tally.record(failures, self._epoch, wid)
+            for failures, wid in ctx.book.passed_notes():
+                self.tally.record(failures, ctx.epoch, wid)
             if got is not None:
-                msg = got[1][0]
-                if msg[0] == "D" and msg[9]:
-                    self._tally.record(msg[9], self._epoch, msg[3])
+                msg = got[1].reply
+                if isinstance(msg, (SlotBatch, ThreadBatch)) and msg.failures:
+                    self.tally.record(msg.failures, ctx.epoch, msg.worker_id)
         except BaseException:
             if got is not None:
-                self._discard(got[1][0])
+                self.discard(got[1].reply)
             raise
 
-    def _drop_slots_of(self, pool: Any, worker_id: int) -> None:
+    def drop_slots_of(self, pool: WorkerPool, worker_id: int) -> None:
         """A retired worker left the slots it had handed over: every one of its headers came
         before its goodbye and is mapped, so the files can go (the memory goes with the last
         view)."""
@@ -165,36 +174,104 @@ class ReplyMixin:
         unlink_owned(prefix, pool.shm_dir)
         if pool.spill_dir is not None:
             unlink_owned(prefix, pool.spill_dir)
-        self._slots.forget_prefix(prefix)
+        self.slots.forget_prefix(prefix)
 
-    def _discard(self, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "D" and msg[5] is not None:
+    def delivery_stats(self, ctx: EpochContext) -> dict[str, Any]:
+        """The delivery side of ``stats()`` for the epoch ``ctx``: batches and samples
+        delivered, waits, the reorder buffer, slots, and failures."""
+        return {
+            "epoch": max(0, ctx.epoch),
+            "batches": ctx.book.delivered,
+            "samples": self.tally.samples,
+            "wait_s": ctx.wait_s,
+            "outstanding": ctx.book.outstanding,
+            "reorder_depth": ctx.book.waiting,
+            "slots": len(self.slots),
+            "slots_in_use": self.slots.busy(),
+            "slot_bytes": self.slots.nbytes,
+            "fallback_batches": self.fallbacks,
+            "spilled_batches": self.spilled,
+            "failures": len(self.tally.log),
+        }
+
+    def discard(self, msg: Reply) -> None:
+        """Release what an undelivered reply holds (its slot)."""
+        if isinstance(msg, SlotBatch) and msg.slot is not None:
             with contextlib.suppress(OSError):
-                self._slots.release(msg[5])
+                self.slots.release(msg.slot)
 
-    def _deliver(self, idx: int, reply: tuple[tuple[Any, ...], Any]) -> Any:
-        msg, index = reply
-        if self._state is not None:
-            self._state.delivered.add(idx)
-        if msg[0] == "X":
-            worker_id = msg[3]
-            raise unpack_exception(msg[4], worker_id, worker_pid(self._workers[worker_id]), index)
-        slot, payload, fallback = msg[5], msg[7], msg[8]
-        if len(msg) > 10 and msg[10] is not None and self._state is not None:
-            self._state.worker_states[msg[3]] = msg[10]  # position after this batch
+    def deliver(
+        self, ctx: EpochContext, idx: int, arrived: Arrived, pool: WorkerBackend | None
+    ) -> Any:
+        """The batch of task ``idx``, as views of its slot (or a thread's object), pinned if
+        asked; a batch that raised raises here, with its worker's id and pid."""
+        msg, index = arrived.reply, arrived.request
+        if ctx.state is not None:
+            ctx.state.delivered.add(idx)
+        if isinstance(msg, BatchError):
+            wid = msg.worker_id
+            pid = worker_pid(pool.processes[wid]) if pool is not None else None
+            raise unpack_exception(msg.error, wid, pid, index)
+        if isinstance(msg, SlotBatch):
+            self._note_slot(msg, ctx, pool)
+        self.tally.delivered(
+            len(index) if self._auto_collation and index is not None else 1, msg.failures or ()
+        )
+        if isinstance(msg, ThreadBatch):  # (the backend may have changed since it was asked)
+            batch = msg.batch
+        else:  # views of its slot
+            batch = decode(msg.payload, msg.slot, self.slots, arrived.mapping)
+        if self._pin_device is not None:
+            batch = _pin_memory(batch, self._pin_device)
+        return batch
+
+    def _note_slot(self, msg: SlotBatch, ctx: EpochContext, pool: WorkerBackend | None) -> None:
+        """Keep a process worker's stream position; count and warn about batches that found
+        no room in shared memory."""
+        if msg.position is not None and ctx.state is not None:
+            ctx.state.worker_states[msg.worker_id] = msg.position  # after this batch
+        fallback = msg.fallback
         if fallback in (NO_ROOM, SPILLED) and not self._warned_no_room:
             self._warned_no_room = True
-            spill = getattr(self._pool, "spill_dir", None) if fallback == SPILLED else None
-            warn_no_room(getattr(self._pool, "shm_dir", ""), len(payload), spill)
-        self._fallbacks += fallback in (1, NO_ROOM)
-        self._spilled += fallback == SPILLED
-        self._tally.delivered(
-            len(index) if self._auto_collation and index is not None else 1, msg[9] or ()
-        )
-        if len(msg) == THREAD_REPLY_FIELDS:  # a thread's batch (the backend may have changed)
-            batch = payload
-        else:
-            batch = decode(payload, slot, self._slots, msg[11] if len(msg) > 11 else None)
-        if self._pin_memory:
-            batch = _pin_memory(batch, self._pin_memory_device)
-        return batch
+            spill = getattr(pool, "spill_dir", None) if fallback == SPILLED else None
+            warn_no_room(getattr(pool, "shm_dir", ""), len(msg.payload), spill)
+        self.fallbacks += fallback in (1, NO_ROOM)
+        self.spilled += fallback == SPILLED
+
+
+def worker_stats(
+    worker_id: int,
+    handle: Any,
+    pool: WorkerBackend | None,
+    ctx: EpochContext,
+    replies: ReplyHandler,
+    elapsed: float,
+) -> WorkerStats:
+    """One worker's part of ``stats()``: what it loaded, and the batch it loads now."""
+    batches, busy_s = replies.worker_batches[worker_id], replies.worker_busy[worker_id]
+    alive = pool is not None and not pool.closed and _alive(handle)
+    current: tuple[object, ...] | None = None
+    since = None
+    if alive and pool is not None:
+        epoch, task, started = pool.status.task(worker_id)
+        if task != IDLE and epoch == ctx.epoch:
+            request = ctx.book.request(task)
+            current = tuple(request) if isinstance(request, list) else (request,)
+            since = started
+    return WorkerStats(
+        worker_id=worker_id,
+        pid=worker_pid(handle),
+        alive=alive,
+        batches=batches,
+        busy_s=busy_s,
+        busy_fraction=min(1.0, busy_s / elapsed),
+        current_indices=current,
+        busy_since=since,
+    )
+
+
+def _alive(proc: Any) -> bool:
+    try:
+        return bool(proc.is_alive())
+    except (ValueError, AttributeError):
+        return False

@@ -1,31 +1,16 @@
 """Processes first, threads once the training loop leaves the GIL free.
 
-When the backend probe finds that loading mostly waits (storage, a network, a few slow
-samples), threads cover the waits without a process each: less memory, no copies of the
-dataset. But a thread worker needs the GIL back after every wait and every GIL-free numpy or
-torch call, and a training loop that runs Python holds it: measured on the bench's ``io``
-with a 14 ms pure-Python step per batch, auto-sized thread workers delivered 1,384
-samples/s against 2,067 for auto-sized processes (0.67x); on ``heavytail``, 945 against
-1,466 (``benchmarks/gil_step.py``). Processes are never worse at covering waits, only
-heavier. So a ``num_workers="auto"`` loader whose probe chose threads for waits starts
-process workers and measures, with a :class:`~stoker.autotune._gil.GilMeter`, how long a
-thread of the
-main process waits for the GIL while the loop runs (readings taken while workers were started
-or retired, and the next, are left out: starting a process holds the GIL). Once
-:data:`HANDOVER_READINGS` readings were taken, a median share of the switch interval under
-:data:`GIL_FREE` hands the loading over to threads, mid-epoch: dispatch pauses, the tasks no
-process has taken yet are taken back, the processes give up the batches they are loading at
-their next sample, the processes stop and threads take over the tasks taken back and the rest
-of the epoch (dispatch is by batch index, so what is delivered does not change; the batches
-the processes finished are delivered from their slots). A
-busier loop keeps the processes. Until it is decided, the process pool stays as it started:
-:data:`WATCH_WORKERS_PER_CORE` per usable core (fewer if the loader was told to start with
-fewer): a change would hold up the decision, and processes started for it would be stopped
-a second later.
-
-The other way round (threads to processes) is never done: threads load in the main
-process, and a dataset that opened a file or a database lazily there would hand the open
-handle to forked workers.
+A ``num_workers="auto"`` loader whose probe chose threads to cover waits starts process
+workers instead, because a training loop that runs Python holds the GIL that thread workers
+need after every wait (``benchmarks/gil_step.py`` measures what threads lose). A
+:class:`Handover` measures with a :class:`~stoker.autotune._gil.GilMeter` how long a thread of
+the main process waits for the GIL; once :data:`HANDOVER_READINGS` readings were taken, a
+median under :data:`GIL_FREE` hands the loading over to threads mid-epoch: dispatch pauses,
+the tasks no process has taken are taken back, the processes give up the batches they load at
+their next sample, and :meth:`Handover.replace` returns the thread pool that loads those and
+the rest of the epoch (dispatch is by batch index, so what is delivered does not change). A
+busier loop keeps the processes. Threads never hand back to processes: a dataset that opened
+a handle lazily in the main process would pass it to forked workers.
 """
 
 from __future__ import annotations
@@ -33,30 +18,35 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, NamedTuple
 
 from stoker._introspect.platform import usable_cores
 from stoker.autotune._gil import GilMeter
 from stoker.autotune._scaling import AutoScaler
-from stoker.loader._dispatch import TaskBook, batch_task
+from stoker.loader._dispatch import batch_task
+from stoker.loader._settings import WorkerSettings
+from stoker.workers._backend import WorkerBackend
+from stoker.workers._loop import WorkerSpec
+from stoker.workers._messages import BatchTask, EpochStart, GaveUp
 from stoker.workers._threads import ThreadPool
 
 __all__ = [
     "GIL_FREE",
     "HANDOVER_READINGS",
     "WATCH_WORKERS_PER_CORE",
-    "HandoverMixin",
+    "Handover",
+    "Replacement",
     "watch_workers",
 ]
 
 # Readings (of autotune._gil.READING_WAKEUPS wake-ups each, 0.2 s) the decision waits for, and
 # the median GIL wait (a share of the switch interval) under which the loop is taken to leave
-# the GIL free.
-# Measured with process workers on the bench's io: a trivial loop reads 0.02-0.04; a loop
-# running 2 ms of Python per 16 ms batch 0.15-0.26, 5 ms 0.29-0.49, 14 ms 1.0.
+# the GIL free: a trivial loop reads well under it, 2 ms of Python per batch above it
+# (benchmarks/gil_step.py; figures in benchmarks/README.md).
 HANDOVER_READINGS = 5
 GIL_FREE = 0.1
-# Threads started per process worker handed over (at least; see HandoverMixin._hand_over).
+# Threads started per process worker handed over (at least; see Handover.replace).
 HANDOVER_THREADS_PER_PROCESS = 2
 # Process workers per usable core the pool may grow to while the handover is undecided: more
 # would be started only to be stopped a second later, and their memory is the peak's.
@@ -66,152 +56,158 @@ WATCH_WORKERS_PER_CORE = 2
 def watch_workers(workers: int) -> int:
     """Process workers to start for the watch: ``workers`` up to its cap.
 
-    Started at the cap, the pool does not grow during the watch, and no reading is lost to a
-    worker starting (a pool grown from 2 to 4 on the bench's heavytail decided 0.5 s later).
+    Started at the cap, the pool does not grow during the watch, so no reading is lost to a
+    worker starting.
     """
     return max(1, min(workers, WATCH_WORKERS_PER_CORE * usable_cores()))
 
 
-class HandoverMixin:
-    """The process-to-thread handover of :class:`stoker.loader._iterator.MultiWorkerIterator`."""
+class Replacement(NamedTuple):
+    """What :meth:`Handover.replace` hands the iterator: its new pool and controller."""
 
-    _pool: Any
-    _scaler: AutoScaler | None
-    _backend: str
-    _notes: list[str]
-    _started: float
-    _prefetch: int
-    _workers: Any
-    _ready: set[int]
-    _payload: tuple[Any, ...]
-    _epoch: int
-    _epoch_seed: int
-    _book: TaskBook[Any]
+    pool: ThreadPool
+    scaler: AutoScaler
+    note: str
 
-    def _watching(self, loader: Any) -> bool:
-        """Whether this iterator starts processes to hand over to threads later."""
-        return (
-            getattr(loader, "_threads_wanted", False)
-            and self._scaler is not None
-            and self._backend == "process"
-        )
 
-    def _watch_for_handover(self, loader: Any) -> None:
-        """Start measuring the GIL when the loader wants threads but started processes."""
-        self._handover: str | None = None  # None, "watch" or "drain"
-        self._handback: dict[int, tuple[Any, ...]] = {}  # batch index -> task, for threads
-        self._gil: GilMeter | None = None
-        self._gil_readings: list[float] = []
-        # Weakly: the loader holds its persistent iterator, and a cycle would leave the workers
-        # running after `del loader` until a garbage collection.
-        self._handover_loader = weakref.ref(loader)
-        if self._watching(loader):
-            assert self._scaler is not None
-            self._handover = "watch"
-            self._gil = GilMeter()
-            self._gil.start()
-            # The pool stays as started until it is decided: a worker started or retired
-            # holds up the decision (its readings are left out), and a process pool that
-            # shrank on saturated cores handed fewer processes over (threads then took
-            # seconds to grow back).
-            controller, running = self._scaler.controller, len(self._pool.active)
-            self._unpinned = (controller.min_workers, controller.max_workers)
-            controller.min_workers = controller.max_workers = running
+class Handover:
+    """Watches the GIL for one iterator, and replaces its processes by threads when the loop
+    leaves the GIL free (see the module docstring).
 
-    def _watch_gil(self, changed_since: float | None) -> None:
-        """Decide once enough GIL readings were taken.
+    Args:
+        scaler: the iterator's ``num_workers="auto"`` scaler; its controller is pinned to the
+            pool's size until it is decided (a worker started or retired holds the decision
+            up, and a pool that shrank would hand fewer processes over).
+        running: the process workers started.
+        loader: the loader, held weakly (it holds its persistent iterator): the decision is
+            kept there for later iterators.
+        started: the iterator's ``time.monotonic()`` start, for the notes' time stamps.
+    """
+
+    def __init__(self, scaler: AutoScaler, running: int, loader: Any, started: float) -> None:
+        self.state: Literal["watch", "drain"] | None = "watch"
+        self.handback: dict[int, BatchTask] = {}  # batch index -> task, for the threads
+        self.readings: list[float] = []
+        self.meter: GilMeter | None = GilMeter()
+        self.meter.start()
+        self._loader = weakref.ref(loader)
+        self._started = started
+        controller = scaler.controller
+        self._unpinned = (controller.min_workers, controller.max_workers)
+        controller.min_workers = controller.max_workers = running
+
+    @staticmethod
+    def wanted(settings: WorkerSettings, scaler: AutoScaler | None, backend: str) -> bool:
+        """Whether an iterator with ``settings`` starts processes to hand over to threads
+        later."""
+        return settings.threads_wanted and scaler is not None and backend == "process"
+
+    @property
+    def draining(self) -> bool:
+        """Decided for threads: dispatch waits until the processes hold no batch."""
+        return self.state == "drain"
+
+    def watch(
+        self, changed_since: float | None, pool: WorkerBackend, scaler: AutoScaler
+    ) -> str | None:
+        """Decide once enough GIL readings were taken; returns the note saying what was
+        decided (None: not yet).
 
         Args:
             changed_since: a ``time.perf_counter()`` value after which workers were started or
                 retired (starting a process holds the GIL for milliseconds): the readings that
                 touched it do not show the training loop. None: nothing changed.
+            pool: the process pool, whose queued tasks are taken back for threads.
+            scaler: the process pool's scaler, unpinned if the processes stay.
         """
-        if self._handover != "watch" or self._gil is None:
-            return
+        if self.state != "watch" or self.meter is None:
+            return None
         if changed_since is not None:
-            self._gil.disturb(changed_since)
-        readings = self._gil.readings()
+            self.meter.disturb(changed_since)
+        readings = self.meter.readings()
         if len(readings) < HANDOVER_READINGS:
-            return
-        self._gil_readings = readings[-HANDOVER_READINGS:]
-        median = statistics.median(self._gil_readings)
-        self._stop_gil_meter()
-        loader = self._handover_loader()
+            return None
+        self.readings = readings[-HANDOVER_READINGS:]
+        median = statistics.median(self.readings)
+        self.stop()
+        free = median < GIL_FREE
+        loader = self._loader()
         if loader is not None:  # decided for this loader: later iterators follow
             loader._threads_wanted = False
-            if median < GIL_FREE:
+            if free:
                 loader._resolved_backend = "thread"
         stamp = f"{time.monotonic() - self._started:.1f}s"
-        if median < GIL_FREE:
-            self._handover = "drain"
-            # Take back what no process started, and have them give up what they load now
-            # (waiting for those batches held the threads back 0.4 s on the bench's heavytail).
-            self._handback = {m[2]: m for m in self._pool.drain_tasks()}
-            self._pool.status.give_up_all()
-            self._notes.append(
-                f"{stamp}: the training loop leaves the GIL free (a waking thread waited "
-                f"{median:.0%} of the switch interval for it): handing over to threads"
+        waited = f"a waking thread waited {median:.0%} of the switch interval for it"
+        if free:
+            self.state = "drain"
+            # Take back what no process started; the processes give up what they load now.
+            self.handback = {m.idx: m for m in pool.drain_tasks()}
+            pool.status.give_up_all()
+            return (
+                f"{stamp}: the training loop leaves the GIL free ({waited}): "
+                "handing over to threads"
             )
-        else:
-            self._handover = None
-            if self._scaler is not None:  # processes stay: they may grow as they need
-                controller = self._scaler.controller
-                controller.min_workers, controller.max_workers = self._unpinned
-            self._notes.append(
-                f"{stamp}: the training loop holds the GIL (a waking thread waited {median:.0%} "
-                "of the switch interval for it): thread workers would wait for it after every "
-                "wait, so processes stay"
-            )
+        self.state = None
+        controller = scaler.controller  # processes stay: they may grow as they need
+        controller.min_workers, controller.max_workers = self._unpinned
+        return (
+            f"{stamp}: the training loop holds the GIL ({waited}): thread workers would wait "
+            "for it after every wait, so processes stay"
+        )
 
-    def _take_back(self, msg: tuple[Any, ...]) -> None:
-        """A process gave up a batch (``Q``) while the handover drains: threads will load it."""
-        epoch, idx = msg[1], msg[2]
-        index = self._book.request(idx)
-        self._handback[idx] = batch_task(epoch, self._epoch_seed, idx, index)
+    def take_back(self, msg: GaveUp, request: Any, epoch_seed: int) -> None:
+        """A process gave up a batch while the handover drains: threads will load it."""
+        self.handback[msg.idx] = batch_task(msg.epoch, epoch_seed, msg.idx, request)
 
-    def _drained(self) -> bool:
-        """Every batch not yet answered was taken back from the processes."""
-        handback = self._handback
-        return all(idx in handback for idx in self._book.pending())
+    def drained(self, pending: Iterable[int]) -> bool:
+        """Every batch not yet answered (``pending``) was taken back from the processes."""
+        return all(idx in self.handback for idx in pending)
 
-    def _hand_over(self) -> None:
-        """Replace the (drained) process pool with threads, mid-epoch."""
-        old, scaler = self._pool, self._scaler
-        self._handover = None
-        if old is None or old.closed or scaler is None:
-            return
+    def replace(
+        self,
+        old: WorkerBackend,
+        scaler: AutoScaler,
+        prefetch: int,
+        specs: Callable[[int], list[WorkerSpec]],
+        payload: tuple[Any, ...],
+        catch_up: EpochStart,
+    ) -> Replacement:
+        """Stop the (drained) process pool ``old``; returns the threads that take over, with
+        the batches taken back queued.
+
+        Args:
+            old: the process pool.
+            scaler: its scaler; the threads' controller takes over its measurements.
+            prefetch: batches in flight per worker.
+            specs: the worker specs of a pool of ``n``.
+            payload: ``(dataset, collate_fn, worker_init_fn)``.
+            catch_up: the epoch message every new thread gets first.
+        """
+        self.state = None
         n = max(1, len(old.active) - scaler.retiring)
         old.shutdown()
-        self._backend = "thread"
-        self._scaler = AutoScaler.for_pool(
-            "thread", n, self._prefetch, scaler.controller.tune_prefetch
-        )
-        # Twice as many threads as processes, or as many as the processes' blocked share calls
-        # for (threads that wait for the GIL read as blocked: the processes' share is the
-        # samples' own). Threads cost no process, and too few cost more than too many: on the
-        # bench's heavytail, 8 to 16 threads loaded within 3% of each other, 6 threads 8% less.
-        m = self._scaler.controller.take_over(
+        new_scaler = AutoScaler.for_pool("thread", n, prefetch, scaler.controller.tune_prefetch)
+        # As many threads as the processes' blocked share calls for, and at least twice as
+        # many as processes: threads cost no process, and too few cost more than too many.
+        m = new_scaler.controller.take_over(
             scaler.controller, at_least=HANDOVER_THREADS_PER_PROCESS * n
         )
-        capacity = self._scaler.controller.max_workers
-        pool = ThreadPool(self._specs(m), self._payload, capacity=capacity)  # type: ignore[attr-defined]
-        pool.status.set_epoch(self._epoch)
-        self._pool = pool
-        self._workers = pool.processes
-        self._ready = set()
-        catch_up = self._catch_up_message()  # type: ignore[attr-defined]
+        pool = ThreadPool(specs(m), payload, capacity=new_scaler.controller.max_workers)
+        pool.status.set_epoch(catch_up.epoch)
         for i in pool.active:
             pool.send_ctrl(i, catch_up)
-        taken = len(self._handback)
-        for idx in sorted(self._handback):
-            pool.put_task(self._handback[idx])
-        self._handback = {}
-        self._notes.append(
+        taken = len(self.handback)
+        for idx in sorted(self.handback):
+            pool.put_task(self.handback[idx])
+        self.handback = {}
+        note = (
             f"{time.monotonic() - self._started:.1f}s: {n} process workers -> {m} threads "
             f"({taken} batches taken back from the processes)"
         )
+        return Replacement(pool, new_scaler, note)
 
-    def _stop_gil_meter(self) -> None:
-        meter, self._gil = getattr(self, "_gil", None), None
+    def stop(self) -> None:
+        """Stop the GIL meter (decided, or the iterator shuts down)."""
+        meter, self.meter = self.meter, None
         if meter is not None:
             meter.close()

@@ -138,19 +138,15 @@ class WorkerSession:
         from stoker.loader import _loader as loader_module
 
         self.backend = backend
-        saved = loader_module.AUTO_START_WORKERS
-        loader_module.AUTO_START_WORKERS = workers
-        try:
-            self._loader = loader_module.DataLoader(
-                dataset,
-                batch_size=batch_size,
-                sampler=_sampler(dataset, seed=0),
-                num_workers="auto",
-                prefetch_factor=prefetch,
-                backend=backend,  # type: ignore[arg-type]
-            )
-        finally:
-            loader_module.AUTO_START_WORKERS = saved
+        self._loader = loader_module.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=_sampler(dataset, seed=0),
+            num_workers="auto",
+            prefetch_factor=prefetch,
+            backend=backend,  # type: ignore[arg-type]
+        )
+        self._loader._start_with(workers)
         self._it = iter(self._loader)
         scaler = getattr(self._it, "_scaler", None)
         if scaler is None:  # pragma: no cover - auto loaders over map-style datasets have one

@@ -1,20 +1,18 @@
 """Batches that several worker threads load at once, a run of samples at a time.
 
-A process worker loads a whole batch alone, and so did thread workers: then every batch took
-the pool's whole width to arrive. At an epoch's start, 8 threads sharing 2 cores each loaded a
-batch of their own, and the first arrived only as all 8 did (0.4-0.6 s on the bench's
-heavytail, against 0.06 s for one batch's work spread over both cores); a slow sample held its
-batch back by the time the rest of the batch took on a shared core. Threads share memory, so
-they share batches: a thread that takes a task opens it on the pool's :class:`Board`, and every
-thread loads runs of samples from the oldest open batch that has samples left (oldest by
-epoch, then task index: the order the iterator delivers in). A slow sample holds one thread
-while the others go on with the next samples; the thread that finishes a batch's last run
-collates it and replies.
+A process worker loads a whole batch alone; threads that did the same made every batch take the
+pool's whole width to arrive, and a slow sample held its batch back by the time the rest of the
+batch took on a shared core (``stoker bench -w heavytail`` shows the first batch's latency).
+Threads share memory, so they share batches: a thread that takes a task opens it on the
+pool's :class:`Board`, and every thread loads runs of samples from the oldest open batch that
+has samples left (oldest by epoch, then task index: the order the iterator delivers in). A
+slow sample holds one thread while the others go on with the next samples; the thread that
+finishes a batch's last run collates it and replies.
 
 Runs are sized from the board's measured pace to take about
 :data:`stoker.workers._fetch.STOP_CHECK_S` (a batch's epoch may be abandoned between two runs,
-as between a process worker's): microsecond samples are claimed a batch at a time (one claim,
-as before), millisecond ones one at a time (a claim costs about a microsecond under a lock).
+as between a process worker's): microsecond samples are claimed a batch at a time (one claim),
+millisecond ones one at a time (a claim costs about a microsecond under a lock).
 The pace comes from earlier samples, which may have been far quicker than the next ones: a
 run still loading after :data:`RUN_LIMIT_S` ends short and gives the rest of its samples back
 to the batch, to be claimed again (by any thread) a run at the new pace. Otherwise one thread
@@ -28,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stoker.workers import _fetch
+from stoker.workers._messages import BatchTask
 
 __all__ = ["RUN_LIMIT_S", "Board", "OpenBatch", "run_length"]
 
@@ -41,7 +40,7 @@ class OpenBatch:
     """One batch being loaded by one or more threads.
 
     Attributes:
-        task: the task message ``("B", epoch, idx, seed, index)``.
+        task: the :class:`~stoker.workers._messages.BatchTask`.
         index: the sample indices, as a list.
         parts: each position's loaded result (``None`` until loaded).
         work: seconds each thread (by worker id) spent on this batch's runs.
@@ -64,9 +63,9 @@ class OpenBatch:
         "work",
     )
 
-    def __init__(self, task: tuple[Any, ...], stop: Callable[[], bool]) -> None:
+    def __init__(self, task: BatchTask, stop: Callable[[], bool]) -> None:
         self.task = task
-        self.index = list(task[4])
+        self.index = list(task.index)
         self.parts: list[Any] = [None] * len(self.index)
         self.next = 0  # first position no thread has claimed
         self.left = len(self.index)  # positions not loaded yet
@@ -78,7 +77,7 @@ class OpenBatch:
 
     @property
     def key(self) -> tuple[int, int]:
-        return self.task[1], self.task[2]  # (epoch, task index)
+        return self.task.epoch, self.task.idx
 
 
 class Board:
@@ -90,7 +89,7 @@ class Board:
         self.pace = 0.0  # seconds per sample, recent runs weighted most
         self.idle = 0  # threads waiting for a task (they can be woken to help)
 
-    def open(self, task: tuple[Any, ...], stop: Callable[[], bool]) -> OpenBatch:
+    def open(self, task: BatchTask, stop: Callable[[], bool]) -> OpenBatch:
         """Put a task on the board; returns it (empty batches too: claiming closes them)."""
         batch = OpenBatch(task, stop)
         with self._lock:

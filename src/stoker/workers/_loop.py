@@ -29,32 +29,43 @@ import cloudpickle
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
-from stoker._introspect.platform import thread_sched_seconds
 from stoker.sampling._seeding import WorkerSeeding
 from stoker.transport import SlotArena, encode, open_private_file
 from stoker.transport._namespace import MARKER
 from stoker.workers import _collate
+from stoker.workers._blocked import BlockedSampler
 from stoker.workers._epoch_sync import apply_changes
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
+from stoker.workers._messages import (
+    BatchError,
+    BatchSkipped,
+    BatchTask,
+    EpochStart,
+    GaveUp,
+    Ready,
+    Reply,
+    Retired,
+    SlotBatch,
+    StartFailed,
+    StreamEnd,
+    from_wire,
+    to_wire,
+)
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
 
-__all__ = ["RETIRE", "STOP", "BlockedSampler", "WorkerSpec", "worker_main"]
+__all__ = ["RETIRE", "STOP", "WorkerSpec", "worker_main"]
 
 STOP = b"S"
 # Taken from the shared queue by whichever worker is idle first: that worker exits.
 RETIRE = b"R"
 # How often a worker checks that the main process is still alive.
 PARENT_POLL_S = 0.25
-# Spans of at least BLOCKED_SPAN_S of a worker's batches, one starting at most every
-# BLOCKED_SAMPLE_S after the last ended, are timed against the thread's scheduler statistics
-# (two small /proc reads a span), to tell the num_workers="auto" controller how much of
-# loading is spent blocked (sleeping on storage, a network) rather than computing.
-BLOCKED_SPAN_S = 0.05
-BLOCKED_SAMPLE_S = 0.05
 _PROTOCOL = 5
 _PR_SET_PDEATHSIG = 1
+# Where a failure happened, as a worker's error says.
+_LOADING = "loading the samples at indices"
 # Sent by the kernel to a worker when the main process (thread) that started it dies.
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
@@ -147,69 +158,6 @@ def _fallback_code(enc: Any, arena: SlotArena, short: int) -> int:
     return SPILLED if enc.slot is not None and arena.sealed_spilled else 0
 
 
-class BlockedSampler:
-    """Measures now and then, over a span of consecutive batches, how long a worker ran on a
-    core and how long it was blocked (sleeping on storage, a network) while it worked.
-
-    Blocked is the span's wall time less the time the worker waited for tasks, its time on a
-    core (the thread's CPU clock) and its time queued for a core (schedstat's run delay), so a
-    worker that only waits for a share of the CPU (an oversubscribed pool) is not blocked. The
-    kernel credits a run delay late, when the thread next gets a core or later: over one
-    sub-millisecond fetch, a worker preempted by another read as blocked nearly every time it
-    was preempted (three busy processes on two cores: 30% "blocked"). Over a span of
-    :data:`BLOCKED_SPAN_S`, delays credited late and early even out (1-2% measured).
-
-    Args:
-        gate: shared by the samplers of one thread pool: the earliest time any of them may
-            open its next span, so that the pool's threads take turns (each read of the
-            scheduler statistics gives the GIL up and waits to get it back: 32 threads
-            sampling on their own spent 9% of the bench's ``io`` in those reads).
-    """
-
-    def __init__(self, gate: list[float] | None = None) -> None:
-        self._gate = gate
-        self._next = 0.0
-        self._works = True
-        self._span: tuple[float, float, float] | None = None  # wall, CPU, queued at its start
-        self._idle = 0.0  # seconds the span spent waiting for tasks
-
-    def waited(self, seconds: float) -> None:
-        """The worker waited ``seconds`` for a task (not working: left out of the span)."""
-        if self._span is not None:
-            self._idle += seconds
-
-    def begin(self) -> None:
-        """A batch's work starts: opens a span when one is due."""
-        if self._span is not None or not self._works:
-            return
-        now, gate = time.perf_counter(), self._gate
-        if now < self._next or (gate is not None and now < gate[0]):
-            return
-        sched = thread_sched_seconds()
-        if sched is None:
-            self._works = False  # not Linux, or no schedstat: never again
-            return
-        if gate is not None:
-            gate[0] = now + BLOCKED_SPAN_S + BLOCKED_SAMPLE_S
-        self._span = (time.perf_counter(), time.thread_time(), sched[1])
-        self._idle = 0.0
-
-    def end(self) -> tuple[float, float] | None:
-        """A batch's work ended: ``(running, blocked)`` seconds when this closes a span."""
-        span = self._span
-        if span is None or time.perf_counter() - span[0] < BLOCKED_SPAN_S:
-            return None
-        self._span = None
-        sched = thread_sched_seconds()
-        if sched is None:
-            return None
-        running = time.thread_time() - span[1]
-        now = time.perf_counter()
-        self._next = now + BLOCKED_SAMPLE_S
-        working = now - span[0] - self._idle
-        return running, max(0.0, working - running - (sched[1] - span[2]))
-
-
 class _Worker:
     def __init__(
         self,
@@ -243,8 +191,8 @@ class _Worker:
         self.seeding: WorkerSeeding  # made by setup(), which seeds the generators
         self.task = (-1, -1)  # (epoch, index) of the task being loaded
 
-    def send(self, msg: tuple[Any, ...]) -> None:
-        self.out.send_bytes(pickle.dumps(msg, protocol=_PROTOCOL))
+    def send(self, msg: Reply) -> None:
+        self.out.send_bytes(pickle.dumps(to_wire(msg), protocol=_PROTOCOL))
 
     def setup(self) -> bool:
         spec = self.spec
@@ -259,16 +207,18 @@ class _Worker:
             try:
                 self.worker_init_fn(spec.worker_id)
             except BaseException as exc:
-                self.send(("F", spec.worker_id, pack_exception(exc, "running `worker_init_fn`")))
+                self.send(
+                    StartFailed(spec.worker_id, pack_exception(exc, "running `worker_init_fn`"))
+                )
                 return False
             self.seeding.adopt()
-        self.send(("A", -1, -1, spec.worker_id))  # ready
+        self.send(Ready(spec.worker_id))
         return True
 
     # -- epochs --------------------------------------------------------------------------
 
-    def start_epoch(self, msg: tuple[Any, ...]) -> None:
-        _, epoch, changes, set_epoch, states = msg
+    def start_epoch(self, msg: EpochStart) -> None:
+        epoch, changes, set_epoch, states = msg
         self.epoch = epoch
         if changes:
             apply_changes(self.dataset, cloudpickle.loads(changes))
@@ -315,11 +265,13 @@ class _Worker:
             raw = self.ctrl.recv_bytes()
             if raw == STOP:
                 return False
-            self.start_epoch(pickle.loads(raw))
+            msg = from_wire(pickle.loads(raw))
+            assert isinstance(msg, EpochStart)  # the control pipe's only other kind is a task
+            self.start_epoch(msg)
         return True
 
-    def run_task(self, msg: tuple[Any, ...]) -> None:
-        _, epoch, idx, seed, index = msg
+    def run_task(self, msg: BatchTask) -> None:
+        epoch, idx, seed, index = msg
         wid = self.spec.worker_id
         t0 = time.perf_counter()
         self.status.begin(wid, epoch, idx)
@@ -341,43 +293,42 @@ class _Worker:
             sampled = self.blocked.end()
         except StopIteration as exc:
             if self.spec.iterable:  # the stream is over
-                self.send(("Z", epoch, idx, wid, self._dataset_state()))
+                self.send(StreamEnd(epoch, idx, wid, self._dataset_state()))
                 return
             # From a map-style dataset's __getitem__: an error of its batch. Raised again in
             # the main process it ends the loop there, as it does with torch's loaders.
             arena.current = None
-            self.send(("X", epoch, idx, wid, pack_exception(exc, "loading the samples at indices")))
+            self.send(BatchError(epoch, idx, wid, pack_exception(exc, _LOADING)))
             return
         except Abandoned:
             arena.current = None
             self.blocked.end()
-            self.send(("Q", epoch, idx, wid))
+            self.send(GaveUp(epoch, idx, wid))
             return
         except SkipBatch as skip:
             arena.current = None
-            self.send(("K", epoch, idx, wid, skip.failures))
+            self.send(BatchSkipped(epoch, idx, wid, skip.failures))
             return
         except BaseException as exc:  # sys.exit() in a dataset too: see pack_exception
             arena.current = None
-            where = "loading the samples at indices"
-            self.send(("X", epoch, idx, wid, pack_exception(exc, where)))
+            self.send(BatchError(epoch, idx, wid, pack_exception(exc, _LOADING)))
             return
         finally:
             self.status.end(wid)
         busy = time.perf_counter() - t0
         self.send(
-            (
-                "D",
+            SlotBatch(
                 epoch,
                 idx,
                 wid,
-                (((wid, busy),), () if sampled is None else (sampled,)),
-                enc.slot,
-                arena.take_retired(),
-                enc.payload,
-                _fallback_code(enc, arena, short),
-                failures,
-                self._dataset_state(),
+                work=((wid, busy),),
+                spans=() if sampled is None else (sampled,),
+                slot=enc.slot,
+                retired=arena.take_retired(),
+                payload=enc.payload,
+                fallback=_fallback_code(enc, arena, short),
+                failures=failures,
+                position=self._dataset_state(),
             )
         )
 
@@ -390,13 +341,14 @@ class _Worker:
             if raw == STOP:
                 return
             if raw == RETIRE:
-                self.send(("R", self.epoch, -1, self.spec.worker_id))
+                self.send(Retired(self.epoch, self.spec.worker_id))
                 return
-            msg = pickle.loads(raw)
-            if msg[0] == "E":
+            msg = from_wire(pickle.loads(raw))
+            if isinstance(msg, EpochStart):
                 self.start_epoch(msg)
                 continue
-            if msg[1] != self.epoch and not self.catch_up(msg[1]):
+            assert isinstance(msg, BatchTask)  # the main process sends nothing else
+            if msg.epoch != self.epoch and not self.catch_up(msg.epoch):
                 return
             self.run_task(msg)
 
@@ -444,7 +396,10 @@ def worker_main(
     except BaseException as exc:
         with contextlib.suppress(Exception):
             out.send_bytes(
-                pickle.dumps(("F", spec.worker_id, pack_exception(exc, "starting")), _PROTOCOL)
+                pickle.dumps(
+                    to_wire(StartFailed(spec.worker_id, pack_exception(exc, "starting"))),
+                    _PROTOCOL,
+                )
             )
     finally:
         if worker is not None:

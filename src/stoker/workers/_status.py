@@ -21,7 +21,7 @@ import numpy as np
 from stoker.transport._mapping import map_file
 from stoker.transport._namespace import create_private_file
 
-__all__ = ["GIVE_UP_ALL", "IDLE", "StatusTable"]
+__all__ = ["GIVE_UP_ALL", "IDLE", "LocalStatus", "StatusTable"]
 
 IDLE = -1
 # An epoch later than any: set as the epoch being loaded, every task is given up.
@@ -120,3 +120,33 @@ class StatusTable:
     def give_up_all(self) -> None:
         """Every task is given up at its next sample (the pool is being replaced)."""
         self.set_epoch(GIVE_UP_ALL)
+
+
+class LocalStatus:
+    """A thread pool's status rows: the interface of :class:`StatusTable`, in plain memory."""
+
+    def __init__(self, rows: int) -> None:
+        self._rows = [[0, IDLE, 0.0] for _ in range(rows)]
+        self._current = -1  # the epoch being loaded
+
+    def abandoned(self, epoch: int) -> Callable[[], bool]:
+        return lambda: self._current > epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._current = epoch
+
+    def give_up_all(self) -> None:
+        self._current = GIVE_UP_ALL
+
+    def begin(self, worker_id: int, epoch: int, task: int) -> None:
+        self._rows[worker_id] = [epoch, task, time.monotonic()]
+
+    def end(self, worker_id: int) -> None:
+        self._rows[worker_id][1] = IDLE
+
+    def task(self, worker_id: int) -> tuple[int, int, float]:
+        epoch, task, started = self._rows[worker_id]
+        return int(epoch), int(task), float(started)
+
+    def reset(self, worker_id: int) -> None:
+        self.end(worker_id)

@@ -19,59 +19,38 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker.workers import _patches
+from stoker.workers._blocked import BlockedSampler
 from stoker.workers._board import RUN_LIMIT_S, Board, OpenBatch, run_length
 from stoker.workers._epoch_sync import apply_changes
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
-from stoker.workers._loop import RETIRE, STOP, BlockedSampler, WorkerSpec
-from stoker.workers._status import GIVE_UP_ALL, IDLE
+from stoker.workers._loop import RETIRE, STOP, WorkerSpec
+from stoker.workers._messages import (
+    BatchError,
+    BatchSkipped,
+    BatchTask,
+    EpochStart,
+    GaveUp,
+    Ready,
+    Reply,
+    Retired,
+    StartFailed,
+    StreamEnd,
+    ThreadBatch,
+)
+from stoker.workers._status import LocalStatus
 
-__all__ = ["THREAD_REPLY_FIELDS", "ThreadPool"]
+__all__ = ["ThreadPool"]
 
-# A thread's "D" reply carries the batch object itself and no dataset position (threads share
-# the dataset); a process's has one more field (and a slot to decode). The iterator tells them
-# apart by length: after a handover, process replies are still delivered from threads' time.
-THREAD_REPLY_FIELDS = 10
 # Put on the task queue to wake a waiting thread: a batch was opened that it can help load.
 HELP = b"H"
 # Where a failure happened, as a worker's error says.
 _LOADING = "loading the samples at indices"
-
-
-class _Status:
-    """The thread pool's status table (same interface as the shared-memory one)."""
-
-    def __init__(self, rows: int) -> None:
-        self._rows = [[0, IDLE, 0.0] for _ in range(rows)]
-        self._current = -1  # the epoch being loaded
-
-    def abandoned(self, epoch: int) -> Callable[[], bool]:
-        return lambda: self._current > epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self._current = epoch
-
-    def give_up_all(self) -> None:
-        self._current = GIVE_UP_ALL
-
-    def begin(self, worker_id: int, epoch: int, task: int) -> None:
-        self._rows[worker_id] = [epoch, task, time.monotonic()]
-
-    def end(self, worker_id: int) -> None:
-        self._rows[worker_id][1] = IDLE
-
-    def task(self, worker_id: int) -> tuple[int, int, float]:
-        epoch, task, started = self._rows[worker_id]
-        return int(epoch), int(task), float(started)
-
-    def reset(self, worker_id: int) -> None:
-        self.end(worker_id)
 
 
 class _ThreadWorker:
@@ -113,11 +92,13 @@ class _ThreadWorker:
                 pool.worker_init_fn(spec.worker_id)
             except BaseException as exc:
                 where = "running `worker_init_fn`"
-                pool.results.put(("F", spec.worker_id, pack_exception(exc, where, inline=True)))
+                pool.results.put(
+                    StartFailed(spec.worker_id, pack_exception(exc, where, inline=True))
+                )
                 return
         if not spec.iterable:
             self.fetcher = self._new_fetcher()
-        pool.results.put(("A", -1, -1, spec.worker_id))  # ready
+        pool.results.put(Ready(spec.worker_id))
         tasks = pool.ctrl[spec.worker_id] if spec.iterable else pool.tasks
         share = self.fetcher is not None and self.fetcher.shareable()
         board = pool.board
@@ -134,11 +115,11 @@ class _ThreadWorker:
             if msg == STOP:
                 return
             if msg == RETIRE:
-                pool.results.put(("R", self.epoch, -1, spec.worker_id))
+                pool.results.put(Retired(self.epoch, spec.worker_id))
                 return
             if msg == HELP:
                 continue
-            if msg[0] == "E":
+            if isinstance(msg, EpochStart):
                 self.start_epoch(msg)
                 continue
             if share:
@@ -146,10 +127,10 @@ class _ThreadWorker:
             else:
                 self.run_task(msg)
 
-    def start_epoch(self, msg: tuple[Any, ...]) -> None:
+    def start_epoch(self, msg: EpochStart) -> None:
         """An epoch starts: a copied dataset takes the main process's changes to the dataset
         (objects, not pickles) and its `set_epoch`; an iterable stream starts again."""
-        _, self.epoch, changes, set_epoch, _ = msg
+        self.epoch, changes, set_epoch, _ = msg
         if not self.spec.iterable:
             return
         self.fetcher, self.fetcher_error = None, None
@@ -166,10 +147,10 @@ class _ThreadWorker:
 
     # -- batches shared by the pool's threads (map-style datasets) ----------------------------
 
-    def open(self, msg: tuple[Any, ...]) -> None:
+    def open(self, msg: BatchTask) -> None:
         """Put a task on the board, and wake as many waiting threads as it has runs for."""
         pool = self.pool
-        batch = pool.board.open(msg, pool.status.abandoned(msg[1]))
+        batch = pool.board.open(msg, pool.status.abandoned(msg.epoch))
         self.wake(-(-len(batch.index) // run_length(pool.board.pace)) - 1)
 
     def wake(self, runs: int) -> None:
@@ -196,13 +177,13 @@ class _ThreadWorker:
         collates and replies."""
         pool, board, fetcher = self.pool, self.pool.board, self.fetcher
         assert fetcher is not None  # shared batches are map-style: the fetcher is made once
-        _, epoch, idx, seed, _ = batch.task
+        epoch, idx, seed, _ = batch.task
         wid = self.spec.worker_id
         if batch.closed:
             return
         if batch.stop():  # its epoch was abandoned
             if board.close(batch):
-                pool.results.put(("Q", epoch, idx, wid))
+                pool.results.put(GaveUp(epoch, idx, wid))
             return
         pool.status.begin(wid, epoch, idx)
         self.blocked.begin()
@@ -231,7 +212,7 @@ class _ThreadWorker:
         """Collate a batch whose samples are all loaded, and send it."""
         fetcher = self.fetcher
         assert fetcher is not None
-        _, epoch, idx, _, _ = batch.task
+        epoch, idx, _, _ = batch.task
         wid = self.spec.worker_id
         parts, batch.parts = batch.parts, []
         t0 = time.perf_counter()
@@ -249,10 +230,10 @@ class _ThreadWorker:
         """Report a batch that could not be loaded: skipped (``K``) or an error (``X``)."""
         wid = self.spec.worker_id
         if isinstance(exc, SkipBatch):
-            self.pool.results.put(("K", epoch, idx, wid, exc.failures))
+            self.pool.results.put(BatchSkipped(epoch, idx, wid, exc.failures))
         else:
             packed = pack_exception(exc, _LOADING, inline=True)
-            self.pool.results.put(("X", epoch, idx, wid, packed))
+            self.pool.results.put(BatchError(epoch, idx, wid, packed))
 
     def done(
         self,
@@ -263,26 +244,14 @@ class _ThreadWorker:
         batch: Any,
         failures: list[Any],
     ) -> None:
-        """Send a loaded batch: ``THREAD_REPLY_FIELDS`` fields, the batch itself, no slot."""
+        """Send a loaded batch: the object itself, no slot."""
         wid = self.spec.worker_id
-        reply: tuple[Any, ...] = (
-            "D",
-            epoch,
-            idx,
-            wid,
-            (work, spans),
-            None,
-            [],
-            batch,
-            False,
-            failures,
-        )
-        self.pool.results.put(reply)
+        self.pool.results.put(ThreadBatch(epoch, idx, wid, work, spans, batch, failures))
 
     # -- a batch loaded by one thread (iterable datasets, `__getitems__`) ---------------------
 
-    def run_task(self, msg: tuple[Any, ...]) -> None:
-        _, epoch, idx, seed, index = msg
+    def run_task(self, msg: BatchTask) -> None:
+        epoch, idx, seed, index = msg
         wid, pool = self.spec.worker_id, self.pool
         t0 = time.perf_counter()
         pool.status.begin(wid, epoch, idx)
@@ -296,13 +265,13 @@ class _ThreadWorker:
             sampled = self.blocked.end()
         except StopIteration as exc:
             if self.spec.iterable:  # the stream is over
-                pool.results.put(("Z", epoch, idx, wid))
+                pool.results.put(StreamEnd(epoch, idx, wid))
             else:  # from a map-style __getitem__: an error of its batch (see _loop.py)
                 self.failed(exc, epoch, idx)
             return
         except Abandoned:
             self.blocked.end()
-            pool.results.put(("Q", epoch, idx, wid))
+            pool.results.put(GaveUp(epoch, idx, wid))
             return
         except BaseException as exc:
             self.failed(exc, epoch, idx)
@@ -322,7 +291,7 @@ class ThreadPool:
         payload: ``(dataset, collate_fn, worker_init_fn)``.
     """
 
-    kind = "thread"
+    kind: Final = "thread"
 
     def __init__(
         self, specs: list[WorkerSpec], payload: tuple[Any, ...], capacity: int | None = None
@@ -332,9 +301,9 @@ class ThreadPool:
         self.dataset, self.collate_fn, self.worker_init_fn = payload
         self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.ctrl: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in specs]
-        self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[Reply] = queue.SimpleQueue()
         self.capacity = max(len(specs), capacity or 0)
-        self.status = _Status(self.capacity)
+        self.status = LocalStatus(self.capacity)
         self.board = Board()
         self.span_gate = [0.0]  # the threads take turns timing spans (see BlockedSampler)
         self.retired: set[int] = set()
@@ -398,13 +367,13 @@ class ThreadPool:
         self._reported.discard(worker_id)
         self._start(worker_id)
 
-    def put_task(self, msg: tuple[Any, ...]) -> None:
+    def put_task(self, msg: BatchTask) -> None:
         self.tasks.put(msg)
 
-    def send_ctrl(self, worker_id: int, msg: tuple[Any, ...] | bytes) -> None:
+    def send_ctrl(self, worker_id: int, msg: BatchTask | EpochStart) -> None:
         self.ctrl[worker_id].put(msg)
 
-    def drain_tasks(self) -> list[tuple[Any, ...]]:
+    def drain_tasks(self) -> list[BatchTask]:
         out = []
         with contextlib.suppress(queue.Empty):
             while True:
@@ -413,7 +382,7 @@ class ThreadPool:
                     out.append(msg)
         return out
 
-    def receive(self, timeout: float) -> list[tuple[Any, ...]]:
+    def receive(self, timeout: float) -> list[Reply]:
         try:
             msgs = [self.results.get(timeout=timeout)]
         except queue.Empty:
@@ -423,9 +392,9 @@ class ThreadPool:
                 msgs.append(self.results.get_nowait())
         return msgs
 
-    def dead(self) -> list[tuple[int, int | None, int | None, list[tuple[Any, ...]]]]:
+    def dead(self) -> list[tuple[int, int | None, int | None, list[Reply]]]:
         """Threads that ended without being asked (an error escaped the worker loop)."""
-        out: list[tuple[int, int | None, int | None, list[tuple[Any, ...]]]] = []
+        out: list[tuple[int, int | None, int | None, list[Reply]]] = []
         for i, thread in enumerate(self.processes):
             if i in self.retired:
                 continue

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from stoker._introspect.platform import thread_sched_seconds, usable_cores
-from stoker.workers import _loop
-from stoker.workers._loop import BlockedSampler
+from stoker.workers import _blocked
+from stoker.workers._blocked import BlockedSampler
 
 pytestmark = pytest.mark.skipif(
     thread_sched_seconds() is None, reason="needs /proc/thread-self/schedstat (Linux)"
@@ -40,7 +40,7 @@ def _span(sampler: BlockedSampler, work) -> tuple[float, float]:
 
 
 def test_cpu_work_reads_as_running_sleep_as_blocked_and_task_waits_as_neither(monkeypatch):
-    monkeypatch.setattr(_loop, "BLOCKED_SPAN_S", 0.02)
+    monkeypatch.setattr(_blocked, "BLOCKED_SPAN_S", 0.02)
     sampler = BlockedSampler()
     running, blocked = _span(sampler, lambda: _spin(BATCH_S))
     assert running >= 0.015 and blocked < 0.3 * running
@@ -58,8 +58,8 @@ def test_cpu_work_reads_as_running_sleep_as_blocked_and_task_waits_as_neither(mo
 
 
 def test_no_span_is_sampled_until_one_is_due(monkeypatch):
-    monkeypatch.setattr(_loop, "BLOCKED_SPAN_S", 0.0)
-    monkeypatch.setattr(_loop, "BLOCKED_SAMPLE_S", 60.0)
+    monkeypatch.setattr(_blocked, "BLOCKED_SPAN_S", 0.0)
+    monkeypatch.setattr(_blocked, "BLOCKED_SAMPLE_S", 60.0)
     sampler = BlockedSampler()
     sampler.begin()
     assert sampler.end() is not None
@@ -72,8 +72,8 @@ def test_no_span_is_sampled_until_one_is_due(monkeypatch):
 def test_the_samplers_of_one_gate_take_turns(monkeypatch):
     """A thread pool's samplers share a gate: one opening a span holds the others off for a
     span and a gap (each read of the scheduler statistics costs the pool a GIL hand-off)."""
-    monkeypatch.setattr(_loop, "BLOCKED_SPAN_S", 0.0)
-    monkeypatch.setattr(_loop, "BLOCKED_SAMPLE_S", 60.0)
+    monkeypatch.setattr(_blocked, "BLOCKED_SPAN_S", 0.0)
+    monkeypatch.setattr(_blocked, "BLOCKED_SAMPLE_S", 60.0)
     gate = [0.0]
     first, second, alone = BlockedSampler(gate), BlockedSampler(gate), BlockedSampler()
     first.begin()
