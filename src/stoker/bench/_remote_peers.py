@@ -7,8 +7,8 @@ worker count; each uses its own format and its own download cache:
 
 - ``stoker``: the packed tar shards and ``index.json``, read by ``ShardDataset(url,
   cache_dir=...).stream()`` in stoker's DataLoader;
-- ``webdataset``: the same tar shards over HTTP (``curl``), with WebDataset's shard cache, in
-  torch's DataLoader;
+- ``webdataset``: the same tar shards over HTTP (``curl``, presigned URLs), with WebDataset's
+  shard cache, in torch's DataLoader;
 - ``litdata``: LitData's own chunks (``litdata.optimize``), ``StreamingDataset`` in its
   ``StreamingDataLoader``.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -119,14 +120,27 @@ def _stoker_open(source: Source, how: Open) -> Iterable[Any]:
 
 # -- WebDataset -------------------------------------------------------------------------------
 
+PRESIGNED_S = 3600  # seconds a shard's URL stays valid, far beyond an epoch
+
 
 def _webdataset_open(source: Source, how: Open) -> Iterable[Any]:
+    import boto3  # lazy, as every peer's library: imported only when that peer runs
     import webdataset as wds
 
-    urls = [
-        f"{source.endpoint_url}/{BUCKET}/stoker/{p.name}"
-        for p in sorted(source.shards.glob("*.tar"))
-    ]
+    # Presigned URLs, as for any private bucket read over plain HTTP (the cache names files
+    # by the URL's path, so a warm run's fresh signatures still hit it).
+    signer = boto3.client("s3", endpoint_url=source.endpoint_url)
+    try:
+        urls = [
+            signer.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": BUCKET, "Key": f"stoker/{p.name}"},
+                ExpiresIn=PRESIGNED_S,
+            )
+            for p in sorted(source.shards.glob("*.tar"))
+        ]
+    finally:
+        signer.close()
     dataset = (
         wds.WebDataset(
             urls,
@@ -135,6 +149,7 @@ def _webdataset_open(source: Source, how: Open) -> Iterable[Any]:
             workersplitter=wds.split_by_worker,
             nodesplitter=wds.single_node_only,
             seed=how.seed,
+            empty_check=False,  # a worker dealt no shard (fewer shards than workers) yields none
         )
         .shuffle(how.shuffle_buffer)
         .map(augment)
@@ -177,14 +192,18 @@ def _litdata_upload(source: Source) -> None:
 
     out = cache_dir() / LITDATA_DIR.format(count=len(source.images))
     if not _litdata_complete(out):
-        optimize(
-            fn=_read_jpeg,
-            inputs=list(source.images),
-            output_dir=str(out),
-            chunk_bytes=LITDATA_CHUNK_BYTES,
-            num_workers=min(2, os.cpu_count() or 1),
-            mode="overwrite",
-        )
+        method = multiprocessing.get_start_method(allow_none=True)
+        try:
+            optimize(
+                fn=_read_jpeg,
+                inputs=list(source.images),
+                output_dir=str(out),
+                chunk_bytes=LITDATA_CHUNK_BYTES,
+                num_workers=min(2, os.cpu_count() or 1),
+                mode="overwrite",
+            )
+        finally:  # optimize() sets the process-wide start method to spawn for every loader
+            multiprocessing.set_start_method(method, force=True)
     upload_folder(source.client, out, "litdata")
 
 
