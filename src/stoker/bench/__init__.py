@@ -87,6 +87,9 @@ FULL_TIMINGS: Mapping[str, float] = MappingProxyType(
 )
 # The train family's step shapes: quick mode keeps the GPU-like one (the common case).
 QUICK_TRAIN_SHAPES = ("gpu",)
+# ... fed by the headline pair only (auto and torch's best; each train run starts a loader):
+# the loader-only table still has every contender.
+QUICK_TRAIN_ROLES = frozenset({"stoker-auto", "torch-best"})
 FULL_TRAIN_SHAPES = ("gpu", "cpu")
 # Optional libraries whose grids run where they are installed, and their knobs: SPDL's
 # thread counts; torchdata.nodes takes torch's worker counts (from 1) x these prefetch
@@ -153,6 +156,7 @@ def make_plan(
         peer_threads=QUICK_PEER_THREADS if quick else FULL_PEER_THREADS,
         peer_prefetch=QUICK_PEER_PREFETCH if quick else PREFETCH_GRID,
         references=not quick,
+        train_roles=QUICK_TRAIN_ROLES if quick else None,
         repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,

@@ -205,9 +205,12 @@ def trains(workload: Workload, plan: Plan) -> bool:
     return bool(plan.train_shapes) and workload.mode == "steady" and not workload.samples_per_run
 
 
-def train_specs(specs: list[ContenderSpec]) -> list[ContenderSpec]:
-    """The contenders that also feed the training step."""
-    wanted = train_roles()
+def train_specs(
+    specs: list[ContenderSpec], roles: frozenset[str] | None = None
+) -> list[ContenderSpec]:
+    """The contenders that also feed the training step (those with one of ``roles``; None:
+    every role of :func:`train_roles`)."""
+    wanted = train_roles() if roles is None else roles
     return [s for s in specs if wanted & set(s.roles)]
 
 
@@ -257,7 +260,9 @@ def bench_workload(
         )
     train: tuple[TrainTable, ...] = ()
     if trains(workload, plan):
-        train = bench_train(dataset, workload, plan, train_specs(specs), ideal, report)
+        train = bench_train(
+            dataset, workload, plan, train_specs(specs, plan.train_roles), ideal, report
+        )
     contenders = tuple(
         ContenderResult(s.name, s.library, s.roles, s.config, tuple(runs[i]), errors.get(i))
         for i, s in enumerate(specs)

@@ -60,6 +60,9 @@ class Plan:
             counts from 1).
         references: also time torch with no workers and torch's seed recipe (where neither
             is torch's grid best, quick mode leaves them out to finish in time).
+        train_roles: the roles whose contenders feed the training step (None: every role
+            the loader-only table shares with the train family; quick mode: auto and torch's
+            best, since each train run starts a loader).
         fill_s: seconds at the start of each time-bounded run's epoch that are not timed:
             the loader fills its empty pipeline then (how soon it delivers shows in the first
             batch's latency). A training epoch lasts minutes, where the fill hardly counts
@@ -88,6 +91,7 @@ class Plan:
     peer_threads: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     peer_prefetch: tuple[int, ...] = (2, 4)
     references: bool = True
+    train_roles: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
