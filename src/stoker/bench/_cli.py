@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from stoker._commands.output import check_output_path
     from stoker._commands.target import call_factory
     from stoker.bench._json import write_json
-    from stoker.bench._report import PLAIN_WIDTH, render
+    from stoker.bench._report import render
     from stoker.bench._workloads import Workload
     from stoker.errors import ConfigError
 
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             multiprocessing_context=args.start_method,
             progress=progress,
         )
-    render(result, console(width=PLAIN_WIDTH))
+    render(result, console())
     try:
         if args.json:
             write_json(result, args.json)

@@ -12,7 +12,7 @@ from stoker.bench._roles import ROLE_TEXT, ROLES_EXPLAINED
 from stoker.bench._train_result import TrainTable
 from stoker.bench._verdict import verdict
 
-__all__ = ["PLAIN_WIDTH", "render", "verdict"]
+__all__ = ["render", "verdict"]
 
 _COLUMNS = (
     "contender",
@@ -37,8 +37,6 @@ _TRAIN_COLUMNS = (
     "step ms",
     "step slowdown",
 )
-# Width of the table when the output is not a terminal.
-PLAIN_WIDTH = 150
 
 
 def _role_text(roles: tuple[str, ...]) -> str:
