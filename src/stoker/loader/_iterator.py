@@ -472,6 +472,10 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             self._slots.clear()
         _LIVE.discard(self)
 
+    def _shutdown_workers(self) -> None:
+        """torch's iterator's name for :meth:`_shutdown` (torch's tests and tools call it)."""
+        self._shutdown()
+
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self._shutdown()
