@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from webdataset.tariterators import base_plus_ext
 
 from stoker.shards import IncompleteShardsError, ShardError, build_index, read_index
-from stoker.shards._index import INDEX_NAME, describe_shard
+from stoker.shards._describe import describe_shard
+from stoker.shards._index import INDEX_NAME
 from stoker.shards._tar import encode_sample, end_of_archive, split_name
 
 # Relative names only: an absolute key is refused (test_untrusted).

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from stoker.shards import ShardDataset, ShardError, ShardWriter, build_index
-from stoker.shards._index import describe_shard
+from stoker.shards._describe import describe_shard
 from stoker.shards._tar import (
     BLOCK,
     EncodedSample,

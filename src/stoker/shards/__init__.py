@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from stoker.shards._dataset import ShardDataset
 from stoker.shards._decode import Decode, ImageMode, decode_field, decode_sample, make_decoder
+from stoker.shards._describe import build_index
 from stoker.shards._encode import encode_value
 from stoker.shards._errors import CorruptShardError, IncompleteShardsError, ShardError
-from stoker.shards._index import ShardIndex, ShardInfo, build_index, read_index
+from stoker.shards._index import ShardIndex, ShardInfo, read_index
 from stoker.shards._kv import HDF5Dataset, LMDBDataset
 from stoker.shards._pack import pack
 from stoker.shards._reader import Verify

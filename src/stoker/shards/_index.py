@@ -25,22 +25,19 @@ the file declares.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import reprlib
-import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from stoker.shards._errors import IncompleteShardsError, ShardArgumentError, ShardError
-from stoker.shards._files import check_output_dir, open_regular, read_regular, write_atomic
-from stoker.shards._tar import scan_tar, split_name
+from stoker.shards._errors import IncompleteShardsError, ShardError
+from stoker.shards._files import read_regular, write_atomic
+from stoker.shards._index_checks import check_depth, int_array, int_in, invalid, list_of, shown
 from stoker.store import local_path
 
 __all__ = [
@@ -54,8 +51,6 @@ __all__ = [
     "VERSION",
     "ShardIndex",
     "ShardInfo",
-    "build_index",
-    "describe_shard",
     "index_bytes",
     "load_index",
     "parse_index",
@@ -69,7 +64,7 @@ VERSION = 1
 INDEX_NAME = "index.json"
 PACK_STATE_NAME = ".stoker-pack.json"
 CHUNK_SIZE = 1 << 16
-_READ_SIZE = 1 << 22
+READ_SIZE = 1 << 22
 #: Largest ``index.json`` read. An index takes about 50 bytes per sample, so this holds some
 #: five million; parsed, an index takes several times its size in memory.
 MAX_INDEX_BYTES = 256 * 1024 * 1024
@@ -93,46 +88,6 @@ _SHARD_FIELDS = (
     "chunk_size",
     "chunk_crc32",
 )
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 60
-_repr.maxlist = _repr.maxdict = 4
-_repr.maxlong = 40
-
-
-def _invalid(field: str, value: object, rule: str) -> ShardError:
-    return ShardError(f"`{field}` {rule}. Found: {_repr.repr(value)}.")
-
-
-def _int(value: object, field: str, lo: int, hi: int, rule: str = "") -> int:
-    if type(value) is not int or not lo <= value <= hi:
-        raise _invalid(field, value, rule or f"must be an integer from {lo} to {hi}")
-    return value
-
-
-_ITEM_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
-
-
-def _list(value: object, field: str, item: type) -> list[Any]:
-    if type(value) is not list:
-        raise _invalid(field, value, f"must be a list, each item {_ITEM_NAMES[item]}")
-    if not set(map(type, value)) <= {item}:
-        i = next(i for i, v in enumerate(value) if type(v) is not item)
-        raise _invalid(f"{field}[{i}]", value[i], f"must be {_ITEM_NAMES[item]}")
-    return value
-
-
-def _int_array(value: object, field: str, lo: int, hi: int) -> np.ndarray:
-    items = _list(value, field, int)
-    try:
-        array = np.array(items, dtype=np.int64)
-    except OverflowError:
-        i = next(i for i, v in enumerate(items) if not -(1 << 63) <= v < 1 << 63)
-        raise _invalid(f"{field}[{i}]", items[i], f"must be from {lo} to {hi}") from None
-    bad = (array < lo) | (array > hi)
-    if bad.any():
-        i = int(bad.argmax())
-        raise _invalid(f"{field}[{i}]", items[i], f"must be from {lo} to {hi}")
-    return array
 
 
 def shard_name_problem(name: object) -> str | None:
@@ -143,16 +98,6 @@ def shard_name_problem(name: object) -> str | None:
     if name in (".", "..") or any(c in name for c in "/\\\0"):
         return "must be a file name in the shard folder (not '.' or '..', no '/', '\\' or NUL)"
     return None
-
-
-def _check_depth(value: object, field: str, limit: int) -> None:
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth >= limit:
-                raise _invalid(field, value, f"must not nest deeper than {limit} levels")
-            stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,53 +194,51 @@ class ShardInfo:
                 bounds or inconsistent with the others, and its value.
         """
         if type(obj) is not dict:
-            raise _invalid(where, obj, "must be a JSON object")
+            raise invalid(where, obj, "must be a JSON object")
         missing = [k for k in _SHARD_FIELDS if k not in obj]
         if missing:
             raise ShardError(f"`{where}.{missing[0]}` is missing.")
         problem = shard_name_problem(obj["name"])
         if problem is not None:
-            raise _invalid(f"{where}.name", obj["name"], problem)
-        size = _int(obj["size"], f"{where}.size", 0, MAX_SHARD_BYTES)
+            raise invalid(f"{where}.name", obj["name"], problem)
+        size = int_in(obj["size"], f"{where}.size", 0, MAX_SHARD_BYTES)
         sha256 = obj["sha256"]
         if type(sha256) is not str or not _SHA256_RE.fullmatch(sha256):
-            raise _invalid(f"{where}.sha256", sha256, "must be 64 lower-case hex digits")
-        keys = _list(obj["keys"], f"{where}.keys", str)
+            raise invalid(f"{where}.sha256", sha256, "must be 64 lower-case hex digits")
+        keys = list_of(obj["keys"], f"{where}.keys", str)
         n = len(keys)
-        _int(obj["samples"], f"{where}.samples", n, n, f"must be the number of keys, {n}")
-        fields = _list(obj["fields"], f"{where}.fields", list)
+        int_in(obj["samples"], f"{where}.samples", n, n, f"must be the number of keys, {n}")
+        fields = list_of(obj["fields"], f"{where}.fields", list)
         for i, exts in enumerate(fields):
-            _list(exts, f"{where}.fields[{i}]", str)
+            list_of(exts, f"{where}.fields[{i}]", str)
             if not exts or len(set(exts)) != len(exts):
-                raise _invalid(f"{where}.fields[{i}]", exts, "must list distinct extensions")
+                raise invalid(f"{where}.fields[{i}]", exts, "must list distinct extensions")
         if keys and not fields:
-            raise _invalid(f"{where}.fields", fields, "must list the samples' extensions")
-        pattern = _int_array(obj["pattern"], f"{where}.pattern", 0, len(fields) - 1)
+            raise invalid(f"{where}.fields", fields, "must list the samples' extensions")
+        pattern = int_array(obj["pattern"], f"{where}.pattern", 0, len(fields) - 1)
         if len(pattern) != len(keys):
-            raise _invalid(f"{where}.pattern", obj["pattern"], f"must have {len(keys)} entries")
+            raise invalid(f"{where}.pattern", obj["pattern"], f"must have {len(keys)} entries")
         members = int(np.array([len(e) for e in fields], dtype=np.int64)[pattern].sum())
-        offsets = _int_array(obj["offsets"], f"{where}.offsets", 0, size)
-        sizes = _int_array(obj["sizes"], f"{where}.sizes", 0, size)
+        offsets = int_array(obj["offsets"], f"{where}.offsets", 0, size)
+        sizes = int_array(obj["sizes"], f"{where}.sizes", 0, size)
         for name, array in (("offsets", offsets), ("sizes", sizes)):
             if len(array) != members:
-                raise _invalid(
+                raise invalid(
                     f"{where}.{name}", obj[name], f"must have {members} entries (one per member)"
                 )
         past = offsets + sizes > size  # no overflow: both are at most MAX_SHARD_BYTES
         if past.any():
             j = int(past.argmax())
-            raise _invalid(
+            raise invalid(
                 f"{where}.offsets[{j}] + {where}.sizes[{j}]",
                 int(offsets[j]) + int(sizes[j]),
                 f"must be at most the shard's size {size}",
             )
-        chunk_size = _int(obj["chunk_size"], f"{where}.chunk_size", 1, MAX_SHARD_BYTES)
-        crcs = _int_array(obj["chunk_crc32"], f"{where}.chunk_crc32", 0, _CRC_MAX)
+        chunk_size = int_in(obj["chunk_size"], f"{where}.chunk_size", 1, MAX_SHARD_BYTES)
+        crcs = int_array(obj["chunk_crc32"], f"{where}.chunk_crc32", 0, _CRC_MAX)
         chunks = -(-size // chunk_size)
         if len(crcs) != chunks:
-            raise _invalid(
-                f"{where}.chunk_crc32", obj["chunk_crc32"], f"must have {chunks} entries"
-            )
+            raise invalid(f"{where}.chunk_crc32", obj["chunk_crc32"], f"must have {chunks} entries")
         return cls(
             name=obj["name"],
             size=size,
@@ -337,86 +280,6 @@ class ShardIndex:
         }
 
 
-def file_checksums(f: BinaryIO, size: int, chunk_size: int = CHUNK_SIZE) -> tuple[str, list[int]]:
-    """sha256 of the first ``size`` bytes of ``f`` and the CRC-32 of each ``chunk_size`` chunk
-    of them, in one pass from the current position."""
-    digest = hashlib.sha256()
-    crcs: list[int] = []
-    read = max(chunk_size, _READ_SIZE // chunk_size * chunk_size)
-    left = size
-    while left > 0 and (block := f.read(min(read, left))):
-        left -= len(block)
-        digest.update(block)
-        view = memoryview(block)
-        crcs += [zlib.crc32(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size)]
-    return digest.hexdigest(), crcs
-
-
-def describe_shard(path: str | os.PathLike[str]) -> ShardInfo:
-    """Scan one tar file and describe it as an index entry.
-
-    Members are grouped into samples as WebDataset groups them (consecutive members with the
-    same key); members without an extension, and folder entries, are skipped.
-
-    Args:
-        path: the tar file.
-
-    Returns:
-        The :class:`ShardInfo`.
-
-    Raises:
-        ShardError: if the file is not a regular file or not a readable uncompressed tar, if
-            it holds a member that is not a regular file (a link, device, FIFO, sparse file)
-            or has an absolute name or a ``..`` component, or a key repeats an extension.
-    """
-    path = Path(path)
-    try:
-        fd, st = open_regular(path)
-    except OSError as exc:
-        raise ShardError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
-    with open(fd, "rb") as f:
-        try:
-            entries = scan_tar(f, st.st_size, str(path))
-            f.seek(0)
-            sha, crcs = file_checksums(f, st.st_size)
-        except OSError as exc:
-            raise ShardError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
-    keys: list[str] = []
-    exts: list[list[str]] = []
-    offsets: list[int] = []
-    sizes: list[int] = []
-    for entry in entries:
-        split = split_name(entry.name)
-        if split is None:
-            continue
-        key, ext = split
-        if not keys or keys[-1] != key:
-            keys.append(key)
-            exts.append([])
-        elif ext in exts[-1]:
-            raise ShardError(
-                f"{path}: member {entry.name!r} at byte offset {entry.offset} repeats extension "
-                f"{ext!r} of key {key!r}; WebDataset rejects such shards too."
-            )
-        exts[-1].append(ext)
-        offsets.append(entry.data_offset)
-        sizes.append(entry.size)
-    table: dict[tuple[str, ...], int] = {}
-    pattern = [table.setdefault(tuple(e), len(table)) for e in exts]
-    return ShardInfo(
-        name=path.name,
-        size=st.st_size,
-        sha256=sha,
-        keys=tuple(keys),
-        fields=tuple(table),
-        pattern=np.asarray(pattern, dtype=np.int64),
-        offsets=np.asarray(offsets, dtype=np.int64),
-        sizes=np.asarray(sizes, dtype=np.int64),
-        chunk_size=CHUNK_SIZE,
-        chunk_crc32=tuple(crcs),
-    )
-
-
 def write_index(directory: str | os.PathLike[str], index: ShardIndex) -> Path:
     """Write ``index.json`` atomically (deterministic bytes for the same index).
 
@@ -441,24 +304,24 @@ def parse_index(obj: object) -> ShardIndex:
             or inconsistent with the others, and its value.
     """
     if type(obj) is not dict:
-        raise _invalid("(top level)", obj, "must be a JSON object")
+        raise invalid("(top level)", obj, "must be a JSON object")
     fmt, version = obj.get("format"), obj.get("version")
     if fmt != FORMAT or type(version) is not int or version != VERSION:
         raise ShardError(
             f"`format` and `version` must be {FORMAT!r} and {VERSION}. Found: "
-            f"{_repr.repr(fmt)} and {_repr.repr(version)}."
+            f"{shown(fmt)} and {shown(version)}."
         )
-    shards = _list(obj.get("shards"), "shards", dict)
+    shards = list_of(obj.get("shards"), "shards", dict)
     meta = obj.get("meta", {})
     if type(meta) is not dict:
-        raise _invalid("meta", meta, "must be a JSON object")
-    _check_depth(meta, "meta", MAX_META_DEPTH)
+        raise invalid("meta", meta, "must be a JSON object")
+    check_depth(meta, "meta", MAX_META_DEPTH)
     index = ShardIndex(
         shards=tuple(ShardInfo.from_json(s, f"shards[{i}]") for i, s in enumerate(shards)),
         meta=meta,
     )
     total = index.samples
-    _int(obj.get("samples"), "samples", total, total, f"must be the shards' {total} samples")
+    int_in(obj.get("samples"), "samples", total, total, f"must be the shards' {total} samples")
     return index
 
 
@@ -524,48 +387,3 @@ def load_index(data: bytes, where: str, fix: str) -> ShardIndex:
         return parse_index(obj)
     except ShardError as exc:
         raise ShardError(f"{where} is not a valid stoker shard index: {exc} {fix}") from exc
-
-
-def build_index(
-    directory: str | os.PathLike[str],
-    *,
-    shards: Sequence[str] | None = None,
-    meta: Mapping[str, Any] | None = None,
-) -> ShardIndex:
-    """Index the tar shards in a directory (written by stoker, WebDataset or any tar tool).
-
-    Args:
-        directory: the directory holding the ``.tar`` files.
-        shards: file names to index, in order. Default ``None``: every ``*.tar`` file, sorted
-            by name.
-        meta: metadata stored in the index. Default: none.
-
-    Returns:
-        The :class:`ShardIndex`, also written to ``directory/index.json``.
-
-    Raises:
-        ShardArgumentError: if the directory does not exist, is not a directory, has no tar
-            files, is writable by other users (see :func:`check_output_dir`), or a name in
-            ``shards`` is not a plain file name.
-        ShardError: if a tar file cannot be read or indexed.
-    """
-    directory = local_path(directory, "`directory` (for a store URL use `stoker index URL`)")
-    fix = "pass the folder that holds the `.tar` shards"
-    if not directory.exists():
-        raise ShardArgumentError(f"{str(directory)!r} does not exist: {fix}.")
-    if not directory.is_dir():
-        raise ShardArgumentError(f"{str(directory)!r} is not a folder: {fix}.")
-    names = sorted(p.name for p in directory.glob("*.tar")) if shards is None else list(shards)
-    for name in names:
-        problem = shard_name_problem(name)
-        if problem is not None:
-            raise ShardArgumentError(f"`shards` entry {name!r} {problem}.")
-    if not names:
-        raise ShardArgumentError(
-            f"{directory} has no `.tar` files to index; write shards with "
-            f"`stoker pack SRC {directory}`."
-        )
-    check_output_dir(directory)
-    index = ShardIndex(tuple(describe_shard(directory / n) for n in names), dict(meta or {}))
-    write_index(directory, index)
-    return index

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: a usage error (reported by :func:`stoker.cli.main`, status 2).
     """
     from stoker.errors import ConfigError, StokerError
-    from stoker.shards._index import build_index
+    from stoker.shards._describe import build_index
     from stoker.shards._pack_cli import report_failure
     from stoker.shards._upload import index_store
     from stoker.store import StoreURL, parse_url

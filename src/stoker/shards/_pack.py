@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import ConfigError
+from stoker.shards._describe import describe_shard
 from stoker.shards._errors import ShardArgumentError, ShardError
 from stoker.shards._files import check_output_dir, read_regular, write_atomic
 from stoker.shards._index import (
@@ -35,7 +36,6 @@ from stoker.shards._index import (
     PACK_STATE_NAME,
     ShardIndex,
     ShardInfo,
-    describe_shard,
     write_index,
 )
 from stoker.shards._sources import Source, SourceFormat, open_source

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stoker.shards._describe import describe_shard
 from stoker.shards._errors import ShardArgumentError, ShardError
 from stoker.shards._index import (
     INDEX_NAME,
     PACK_STATE_NAME,
     ShardIndex,
     ShardInfo,
-    describe_shard,
     index_bytes,
     shard_name_problem,
 )

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from stoker.errors import ConfigError
+from stoker.shards._describe import describe_shard
 from stoker.shards._errors import ShardError
 from stoker.shards._files import check_output_dir, publish
-from stoker.shards._index import ShardInfo, describe_shard
+from stoker.shards._index import ShardInfo
 from stoker.shards._tar import EncodedSample, check_member_name, end_of_archive
 
 __all__ = ["SHARD_PREFIX", "ShardWriter", "shard_name"]
