@@ -10,6 +10,8 @@ dataset: each loads runs of samples from the oldest batch that has samples left 
 augmentations reproducible, is not done; pure-Python work does not run in parallel.
 """
 
+# Over 400 lines: the thread pool mirrors the process pool's whole interface (WorkerBackend).
+
 from __future__ import annotations
 
 import contextlib
