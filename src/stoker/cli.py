@@ -13,6 +13,8 @@ Each subcommand lives in its own module, which exposes two functions:
 To add a subcommand, add one row to ``_COMMANDS``.
 """
 
+# Imports inside functions are deferred so that `stoker --help` starts without the tools.
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,8 @@ stoker's are always available; optional libraries (torchdata nodes, SPDL) regist
 ``OPTIONAL`` and take part only when they import.
 """
 
+# stoker's loader and watch are imported when a contender is built (start-up of `stoker bench`).
+
 from __future__ import annotations
 
 import importlib

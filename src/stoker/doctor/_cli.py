@@ -7,6 +7,8 @@ too), 2 when the target cannot be read, imported or called, or the code is unkno
 :class:`ConfigError` that :func:`stoker.cli.main` reports below the usage).
 """
 
+# Imports inside `run` are deferred so that the other `stoker` commands start without them.
+
 from __future__ import annotations
 
 import argparse

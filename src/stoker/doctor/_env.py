@@ -7,6 +7,8 @@ environment manager, the filesystem of a data directory); :func:`export_environm
 section pinned to the installed distributions.
 """
 
+# The runtime subject is imported only for the start-method fact (start-up of `stoker env`).
+
 from __future__ import annotations
 
 import importlib.metadata

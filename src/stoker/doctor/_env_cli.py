@@ -1,5 +1,7 @@
 """``stoker env [--json] [--data-dir DIR] [--export environment.yml]``."""
 
+# Imports inside `run` are deferred so that the other `stoker` commands start without them.
+
 from __future__ import annotations
 
 import argparse

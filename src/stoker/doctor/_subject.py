@@ -4,6 +4,8 @@
 arguments, and must return a DataLoader, a Dataset, or something iterable with ``__getitem__``.
 """
 
+# stoker's loader is imported when a subject is first inspected (start-up of the doctor).
+
 from __future__ import annotations
 
 import importlib

@@ -8,6 +8,8 @@ When ``num_workers="auto"`` chose the main process, batches are loaded a few at 
 (:data:`GROUP_S`), which spreads that save and restore over them.
 """
 
+# The device stage is imported only when `device=` asks for it (start-up of `import stoker`).
+
 from __future__ import annotations
 
 import collections

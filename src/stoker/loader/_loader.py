@@ -6,6 +6,9 @@ attributes keep working. Keyword-only extras come on top. With ``num_workers=0``
 torch's own; with workers it runs on stoker's engine (see ``stoker.loader._iterator``).
 """
 
+# The parts only some loaders use (distributed, persistent workers, the engines, the backend
+# probe) are imported where first used, to keep `import stoker` light.
+
 # Over 400 lines: torch's whole constructor documented, with stoker's extras; logic is elsewhere.
 from __future__ import annotations
 

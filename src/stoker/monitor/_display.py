@@ -7,6 +7,8 @@
   health interval and one at the end; nothing per step.
 """
 
+# The detectors' thresholds are imported when the display first needs them (start-up of watch).
+
 from __future__ import annotations
 
 import importlib.util

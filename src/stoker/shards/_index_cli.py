@@ -6,6 +6,8 @@ to it: :func:`run` raises the :class:`stoker.ConfigError`); 1 when a shard canno
 with one line on stderr.
 """
 
+# Imports inside `run` are deferred so that the other `stoker` commands start without them.
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,8 @@ users may write to, ``--workers 0``: :func:`run` raises the :class:`stoker.Confi
 killed worker, a full disk), with one line on stderr.
 """
 
+# Imports inside `run` are deferred so that the other `stoker` commands start without them.
+
 from __future__ import annotations
 
 import argparse

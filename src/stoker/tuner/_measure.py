@@ -135,10 +135,8 @@ class WorkerSession:
     def __init__(
         self, dataset: Any, batch_size: int, backend: str, workers: int, prefetch: int
     ) -> None:
-        from stoker.loader import _loader as loader_module
-
         self.backend = backend
-        self._loader = loader_module.DataLoader(
+        self._loader = DataLoader(
             dataset,
             batch_size=batch_size,
             sampler=_sampler(dataset, seed=0),
