@@ -14,6 +14,8 @@ ideal), ``_result`` (result types), ``_roles`` (the words for the contenders' ro
 ``_report`` (table, verdicts, JSON), ``_plot`` (PNG), ``_cli`` (the command).
 """
 
+# Imports inside functions are deferred so that `import stoker.bench` (and the CLI) start fast.
+
 from __future__ import annotations
 
 import dataclasses

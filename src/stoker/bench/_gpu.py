@@ -15,6 +15,8 @@ Measured in one run, on the same bytes (uint8 256 x 3 x 224 x 224 batches):
 Needs CUDA: without it the command stops with a clear error.
 """
 
+# stoker is imported when the GPU bench runs (start-up of `stoker bench` without `--device`).
+
 from __future__ import annotations
 
 import time

@@ -7,6 +7,8 @@ torchvision's ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip`` + ``Normaliz
 with Pillow, numpy and torch only.
 """
 
+# Machine facts are imported when the images are first made (start-up of `stoker bench`).
+
 from __future__ import annotations
 
 import math
