@@ -6,6 +6,8 @@ are marked `gpu` and skip here (tests/test_device_gpu.py).
 
 from __future__ import annotations
 
+import gc
+import os
 import warnings
 
 import pytest
@@ -74,7 +76,7 @@ def _stage(src: _Source, depth: int) -> tuple[DeviceStage, list[str]]:
         log.append(f"hand {handle[0]}")
         return handle[0] * 10
 
-    return DeviceStage(src.pull, issue, complete, lambda h: True, depth=depth), log
+    return DeviceStage(src.pull, issue, complete, lambda h: True, lambda h: None, depth=depth), log
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -105,3 +107,102 @@ def test_in_flight_batches_are_not_counted_as_delivered():
     stage, _ = _stage(src, depth=2)
     stage.next()
     assert stage.in_flight == [1, 2]
+
+
+class _SlowCopies:
+    """Copies that complete only when :meth:`wait` is called on them (a GPU queue behind the
+    consumer's work); a handle is (epoch, host batch)."""
+
+    def __init__(self) -> None:
+        self.done: set[tuple[int, int]] = set()
+        self.epoch = 0
+
+    def issue(self, host: int) -> tuple[int, int]:
+        return (self.epoch, host)
+
+    def complete(self, handle: tuple[int, int]) -> int:
+        return handle[1]
+
+    def finished(self, handle: tuple[int, int]) -> bool:
+        return handle in self.done
+
+    def wait(self, handle: tuple[int, int]) -> None:
+        self.done.add(handle)
+
+
+def _slow_stage(
+    copies: _SlowCopies, n: int, pending: list[tuple[int, int]] | None = None
+) -> DeviceStage:
+    src = _Source(n)
+    return DeviceStage(
+        src.pull, copies.issue, copies.complete, copies.finished, copies.wait, pending=pending
+    )
+
+
+def test_the_next_epoch_keeps_host_batches_whose_copies_are_still_running():
+    copies = _SlowCopies()
+    first = _slow_stage(copies, 3)
+    assert [first.next(), first.next(), first.next()] == [0, 1, 2]
+    with pytest.raises(StopIteration):
+        first.next()
+    # No copy has completed: every host batch (its slot) must outlive the epoch.
+    assert sorted(first.pending()) == [(0, 0), (0, 1), (0, 2)]
+    copies.epoch = 1
+    second = _slow_stage(copies, 2, pending=first.pending())
+    copies.done.add((0, 0))
+    assert second.next() == 0
+    # The completed copy is let go; the others are still held, beside the new epoch's.
+    assert sorted(second.pending()) == [(0, 1), (0, 2), (1, 0), (1, 1)]
+
+
+def test_close_waits_for_every_copy_in_flight_then_lets_go():
+    copies = _SlowCopies()
+    stage = _slow_stage(copies, 10, pending=[(9, 9)])
+    stage.next()  # batch 0 handed over, 1 and 2 copied ahead
+    assert sorted(stage.pending()) == [(0, 0), (0, 1), (0, 2), (9, 9)]
+    stage.close()
+    assert copies.done == {(0, 0), (0, 1), (0, 2), (9, 9)}
+    assert stage.pending() == [] and stage.in_flight == []
+
+
+class _Event:
+    """A copy's event; freeing it in a forked child would run CUDA there (an abort)."""
+
+    freed = 0
+
+    def __del__(self) -> None:
+        _Event.freed += 1
+
+
+def test_a_forked_child_neither_waits_on_nor_frees_an_inherited_stages_copies():
+    waited: list[object] = []
+    src = _Source(10)
+    stage = DeviceStage(
+        src.pull,
+        lambda host: (host, _Event()),
+        lambda handle: handle[0],
+        lambda handle: False,
+        waited.append,
+    )
+    stage.next()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it did, never return into pytest
+        code = 1
+        try:
+            _Event.freed = 0
+            stage.close()
+            del stage  # its last reference in the child, as a collection there would drop it
+            gc.collect()
+            os.write(write, f"{len(waited)} {_Event.freed}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report == "0 0"  # nothing waited on, no event freed
+    stage.close()  # in the process that made it: every copy in flight is waited on
+    assert len(waited) == 3

@@ -8,7 +8,7 @@ from torch.utils.data import Dataset
 
 import stoker
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_initialized")]
 
 
 class Pattern(Dataset):
@@ -92,3 +92,24 @@ def test_slots_are_registered_as_page_locked():
     loader = stoker.DataLoader(Pattern(64), batch_size=16, num_workers=2, pin_memory=True)
     x, _ = next(iter(loader))
     assert x.is_pinned()  # a view of a registered slot, not a staged copy
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_copies_queued_behind_the_consumer_survive_the_epoch_boundary(num_workers):
+    """A copy issued behind the consumer's queued work can outlive its epoch: the next epoch
+    must not refill (or free) the host batch under it. `stoker bench --device cuda` read
+    labels out of range here before the next epoch kept the last epoch's host batches."""
+    ds = Pattern(96, (3, 64, 64))
+    loader = stoker.DataLoader(ds, batch_size=32, num_workers=num_workers, device="cuda")
+    kept = []
+    for _epoch in range(4):
+        for x, idx in loader:
+            torch.cuda._sleep(20_000_000)  # consumer work; the next copies queue behind it
+            kept.append((x, idx))
+    torch.cuda.synchronize()
+    assert len(kept) == 12
+    for b, (x, idx) in enumerate(kept):
+        first = (b % 3) * 32
+        assert idx.cpu().tolist() == list(range(first, first + 32)), b
+        want = torch.stack([ds[i][0] for i in range(first, first + 32)]).cuda()
+        assert torch.equal(x, want), b

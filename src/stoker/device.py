@@ -15,7 +15,9 @@ staged through ``Tensor.pin_memory()`` and ``loader.stats().notes`` says so.
 from __future__ import annotations
 
 import collections
+import os
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,18 @@ __all__ = [
 # Batches copied ahead of the consumer.
 DEFAULT_DEPTH = 2
 _warned_pin = False
+# Stages alive in this process, and those a forked child inherited: a child keeps them to its
+# end, since freeing a CUDA event there runs its destructor, which calls CUDA and aborts the
+# child (any forked child: stoker's workers, torch's, the user's own).
+_LIVE_STAGES: weakref.WeakSet[DeviceStage] = weakref.WeakSet()
+_KEPT_IN_CHILD: list[DeviceStage] = []
+
+
+def _keep_stages_in_child() -> None:
+    _KEPT_IN_CHILD.extend(_LIVE_STAGES)
+
+
+os.register_at_fork(after_in_child=_keep_stages_in_child)
 
 
 def resolve_device(device: Any) -> torch.device | None:
@@ -93,7 +107,10 @@ class DeviceStage:
         issue: starts the copy of a host batch; returns an opaque in-flight handle.
         complete: turns a handle into the batch to deliver (waits on the copy's event).
         finished: whether a handle's copy has completed (its host batch may be released).
+        wait: blocks until a handle's copy has completed.
         depth: batches in flight ahead of the consumer.
+        pending: handles of an earlier stage whose copies may still be reading their host
+            batches (:meth:`pending`): kept until they complete, as this stage's own are.
     """
 
     def __init__(
@@ -102,20 +119,46 @@ class DeviceStage:
         issue: Callable[[Any], Any],
         complete: Callable[[Any], Any],
         finished: Callable[[Any], bool],
+        wait: Callable[[Any], None],
         depth: int = DEFAULT_DEPTH,
+        pending: list[Any] | None = None,
     ) -> None:
         self._pull, self._issue, self._complete, self._finished = pull, issue, complete, finished
+        self._wait = wait
         self.depth = max(1, depth)
         self._ahead: collections.deque[tuple[int | None, Any, BaseException | None]] = (
             collections.deque()
         )
-        self._retired: list[Any] = []  # handed over, host kept until the copy completed
+        # Handed over (or left by an earlier epoch): each host batch, and so its slot, is kept
+        # until its copy completed; a copy queued behind the consumer's work can outlive the
+        # epoch that issued it, and a slot let go earlier is refilled under the DMA.
+        self._retired: list[Any] = list(pending or ())
         self._ended = False
+        self._pid = os.getpid()
+        _LIVE_STAGES.add(self)
 
     @property
     def in_flight(self) -> list[int]:
         """Batch indices pulled from the loader but not handed to the consumer yet."""
         return [idx for idx, _, _ in self._ahead if idx is not None]
+
+    def pending(self) -> list[Any]:
+        """Handles whose copies may still be reading host memory (delivered or copied ahead)."""
+        ahead = [handle for _, handle, error in self._ahead if error is None]
+        return [h for h in self._retired if not self._finished(h)] + ahead
+
+    def close(self) -> None:
+        """Wait for every copy still in flight, then let go of the host batches.
+
+        In a forked child (a stage inherited by fork) it does nothing: CUDA cannot be used
+        after fork, and waiting on an event, or freeing one, aborts the child.
+        """
+        if os.getpid() != self._pid:
+            return
+        for handle in self.pending():
+            self._wait(handle)
+        self._retired = []
+        self._ahead.clear()
 
     def _top_up(self) -> None:
         while not self._ended and len(self._ahead) < self.depth:
@@ -183,6 +226,10 @@ class CudaCopy:
     def finished(handle: tuple[Any, Any, Any]) -> bool:
         return bool(handle[1].query())
 
+    @staticmethod
+    def wait(handle: tuple[Any, Any, Any]) -> None:
+        handle[1].synchronize()
+
 
 class HostRegistry:
     """Registers shared-memory slots as page-locked memory, once each.
@@ -194,6 +241,7 @@ class HostRegistry:
     def __init__(self) -> None:
         self.refused = 0
         self.registered: set[int] = set()
+        self._pid = os.getpid()
 
     def register(self, addr: int, size: int) -> bool:
         if addr in self.registered:
@@ -210,7 +258,7 @@ class HostRegistry:
         return True
 
     def unregister(self, addr: int) -> None:
-        if addr in self.registered:
+        if addr in self.registered and os.getpid() == self._pid:  # no CUDA call after fork
             self.registered.discard(addr)
             try:
                 torch.cuda.cudart().cudaHostUnregister(addr)
@@ -218,7 +266,15 @@ class HostRegistry:
                 pass
 
 
-def make_stage(pull: Callable[[], tuple[int, Any]], device: torch.device) -> DeviceStage:
-    """A :class:`DeviceStage` copying to ``device`` on a CUDA side stream."""
+def make_stage(
+    pull: Callable[[], tuple[int, Any]],
+    device: torch.device,
+    previous: DeviceStage | None = None,
+) -> DeviceStage:
+    """A :class:`DeviceStage` copying to ``device`` on a CUDA side stream; it keeps the host
+    batches of ``previous`` (the last epoch's stage) until their copies complete."""
     copier = CudaCopy(device)
-    return DeviceStage(pull, copier.issue, copier.complete, copier.finished)
+    pending = previous.pending() if previous is not None else None
+    return DeviceStage(
+        pull, copier.issue, copier.complete, copier.finished, copier.wait, pending=pending
+    )

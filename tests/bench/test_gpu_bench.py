@@ -16,6 +16,7 @@ def test_without_cuda_the_command_says_so(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda_initialized")
 def test_gpu_bench_reports_rates_and_idle_fractions():
     from stoker.bench._gpu import render, run_gpu_bench
 

@@ -97,11 +97,13 @@ class InlineIterator(_torch_dl._BaseDataLoaderIter):
                 self._jump = True
                 self._dataset.load_state_dict(resume.worker_states[0])  # type: ignore[attr-defined]
                 self._state.worker_states[0] = resume.worker_states[0]
+        previous = getattr(self, "_device_stage", None)  # the last epoch's, if any
         self._device_stage: Any = None
         if loader.device is not None:
             from stoker.device import make_stage
 
-            self._device_stage = stage = make_stage(self._next_host, loader.device)
+            stage = make_stage(self._next_host, loader.device, previous=previous)
+            self._device_stage = stage
             self._state.in_flight = lambda: stage.in_flight
         self._task = 0
         # Batches loaded ahead: (index, (batch, samples) or _SKIPPED, failures, the stream's

@@ -191,7 +191,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         )
         loader._epoch_state = state
         if self._device is not None:
-            self._device_stage = stage = make_stage(self._next_host, self._device)
+            stage = make_stage(self._next_host, self._device, previous=self._device_stage)
+            self._device_stage = stage
             state.in_flight = lambda: stage.in_flight
         jump_states = None
         if resume is not None and self._iterable:
@@ -464,6 +465,8 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         return self._pool is not None and self._pool.closed
 
     def _shutdown(self) -> None:
+        if self._device_stage is not None:
+            self._device_stage.close()  # no slot is unmapped or refilled under a copy
         if self._handover is not None:
             self._handover.stop()
         pool = self._pool
