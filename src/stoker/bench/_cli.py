@@ -143,6 +143,7 @@ class _BarProgress:
             self.console.print(message, markup=False, highlight=False)
 
 
+# Over 80 lines: one branch per mode of the command (list, GPU, own dataset, built-ins).
 def run(args: argparse.Namespace) -> int:
     """Run ``stoker bench`` with parsed ``args``; returns the exit status.
 

@@ -158,6 +158,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         ConfigError: for an invalid stoker extra (a ``ValueError`` too).
     """
 
+    # Over 80 lines: torch's parameters and stoker's extras, each passed on by name.
     @_noting_given_arguments
     def __init__(
         self,
