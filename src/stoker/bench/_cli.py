@@ -200,8 +200,10 @@ def run(args: argparse.Namespace) -> int:
             batch_size=batch,
         )
         chosen = [*(chosen or []), user]
+    from stoker.bench._peer_noise import quiet_peer_teardown
+
     err = console(stderr=True)
-    with warnings.catch_warnings(), _BarProgress(err) as progress:
+    with warnings.catch_warnings(), _BarProgress(err) as progress, quiet_peer_teardown() as noise:
         # torch warns for every grid point above its suggested worker count: expected here.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         result = bench.run(
@@ -212,6 +214,11 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     render(result, console())
+    if noise.total:
+        print(
+            f"  torchdata: {noise.total} errors in its own teardown (after timing) not shown",
+            file=sys.stderr,
+        )
     try:
         if args.json:
             write_json(result, args.json)
