@@ -105,6 +105,27 @@ def test_a_sparse_member_no_longer_reads_the_next_members_bytes(tmp_path: Path) 
         build_index(tmp_path)
 
 
+@pytest.mark.parametrize("where", ["member", "global"])
+def test_a_pax_header_that_grows_a_members_size_is_refused(tmp_path: Path, where: str) -> None:
+    """A pax record (``GNU.sparse.realsize`` alone on the member, or ``size`` in a global
+    header) made tarfile report 65,536 bytes for a 440-byte member; indexed at that size,
+    reading it returned the headers and data of the members after it."""
+    data, after = b"SPARSE-DATA" * 40, b"OTHER-MEMBER " * 8000
+    globals_ = {"size": "65536"} if where == "global" else None
+    with tarfile.open(
+        tmp_path / "x.tar", "w", format=tarfile.PAX_FORMAT, pax_headers=globals_
+    ) as t:
+        info = tarfile.TarInfo("a.bin")
+        info.size = len(data)
+        if where == "member":
+            info.pax_headers = {"GNU.sparse.realsize": "65536"}
+        t.addfile(info, io.BytesIO(data))
+        _add(t, "z.other", after)
+    with pytest.raises(ShardError, match=r"member 'a\.bin' .* declares 65536 bytes .* next member"):
+        build_index(tmp_path)
+    assert not (tmp_path / "index.json").exists()
+
+
 def test_folder_entries_are_skipped(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "x.tar", "w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, "d", type=tarfile.DIRTYPE)

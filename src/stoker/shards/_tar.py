@@ -243,10 +243,12 @@ def scan_tar(f: BinaryIO, size: int, where: str) -> list[TarEntry]:
             that is not a regular file or a folder (a link, device, FIFO, sparse file), or
             whose name :func:`member_name_problem` refuses, or whose data runs past the end.
     """
-    entries = []
+    entries: list[TarEntry] = []
     try:
         with tarfile.open(fileobj=_Clamped(f, size), mode="r:", errorlevel=2) as tar:  # type: ignore[call-overload]
             for info in tar:
+                if entries:
+                    _check_overlap(entries[-1], info.offset, where)
                 if info.isdir():
                     continue
                 _check_member(info, size, where)
@@ -257,6 +259,20 @@ def scan_tar(f: BinaryIO, size: int, where: str) -> list[TarEntry]:
             f"{exc}): shards must be plain `.tar` files (decompress `.tar.gz` first)."
         ) from exc
     return entries
+
+
+def _check_overlap(entry: TarEntry, next_offset: int, where: str) -> None:
+    """A member's data must end before the next member's header: tarfile finds the next header
+    from the ustar size field, but reports a size a pax header (``size``, or
+    ``GNU.sparse.realsize`` alone) may have changed, so reading that size would return the
+    next members' bytes."""
+    if entry.data_offset + entry.size > next_offset:
+        raise ShardError(
+            f"{where}: member {entry.name!r} (header at byte offset {entry.offset}) declares "
+            f"{entry.size} bytes of data from byte offset {entry.data_offset}, but the next "
+            f"member starts at byte offset {next_offset}: a pax header changed its size. "
+            "Re-create the archive from regular files (no `--sparse`, no pax size records)."
+        )
 
 
 def _check_member(info: tarfile.TarInfo, size: int, where: str) -> None:
