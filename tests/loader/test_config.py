@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 import stoker
-from stoker.loader._config import load_config, write_config
+from stoker.errors import ConfigError
+from stoker.loader._config import MAX_CONFIG_BYTES, load_config, write_config
 
 
 def test_round_trip(tmp_path):
@@ -126,3 +130,20 @@ def test_what_stoker_tune_writes_is_within_the_caps(cores):
     most = max(worker_counts(cores, waits=True) + worker_counts(cores))
     assert most <= MAX_WORKERS_PER_CORE * cores
     assert max(PREFETCH) <= MAX_PREFETCH_FACTOR
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "oversize"])
+def test_a_config_that_is_not_a_small_regular_file_is_refused_at_once(
+    tmp_path: Path, kind: str
+) -> None:
+    """A stoker.toml from a cloned repository linked to /dev/zero read until memory ran out
+    (MemoryError); a FIFO blocked forever."""
+    path = tmp_path / "stoker.toml"
+    if kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    with pytest.raises(ConfigError, match="cannot be read as TOML text"):
+        load_config(path)

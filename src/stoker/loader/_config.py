@@ -16,7 +16,9 @@ value and the cap.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["MAX_PREFETCH_FACTOR", "MAX_WORKERS_PER_CORE", "SETTINGS", "load_config", "write_config"]
 
 SECTION = "loader"
+# A stoker.toml is a few hundred bytes; anything past this is not one.
+MAX_CONFIG_BYTES = 1024 * 1024
 # key -> accepted types (checked in order); "auto" strings are accepted where noted.
 SETTINGS: dict[str, tuple[type, ...]] = {
     "backend": (str,),
@@ -78,6 +82,23 @@ def _check_cap(path: Path, key: str, value: Any) -> None:
         )
 
 
+def _read_small_file(p: Path) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_CONFIG_BYTES`: a config from a cloned
+    repository may be a link to ``/dev/zero`` (read until memory ran out) or a FIFO (read
+    forever)."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer, then fails
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise OSError(errno.EFBIG, f"{info.st_size} bytes, over {MAX_CONFIG_BYTES}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES]
+    finally:
+        os.close(fd)
+
+
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate the ``[loader]`` table of a ``stoker.toml``.
 
@@ -88,7 +109,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(_read_small_file(p).decode("utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(
             f"`config` file {str(p)!r} does not exist. Create it with `stoker tune "
