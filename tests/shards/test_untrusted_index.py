@@ -95,6 +95,11 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("name_not_a_string", _set("name", 7), "name"),
     ("keys_a_string_not_a_list", _set("keys", "abc"), "keys"),
     ("key_not_a_string", _set_item("keys", 0, 1), "keys[0]"),
+    # Keys reach the user as `__key__`, often joined to a folder to write a file.
+    ("key_with_dotdot", _set_item("keys", 0, "../../etc/cron.d/x"), "keys[0]"),
+    ("key_absolute", _set_item("keys", 0, "/abs/x"), "keys[0]"),
+    ("key_with_nul", _set_item("keys", 0, "a\0b"), "keys[0]"),
+    ("key_empty", _set_item("keys", 0, ""), "keys[0]"),
     ("fields_of_strings_not_lists", _set("fields", ["cls"]), "fields[0]"),
     ("fields_repeating_an_extension", _set("fields", [["cls", "cls"]]), "fields[0]"),
     ("pattern_as_float", _set_item("pattern", 0, 0.0), "pattern[0]"),

@@ -38,6 +38,7 @@ import numpy as np
 from stoker.shards._errors import IncompleteShardsError, ShardError
 from stoker.shards._files import read_regular, write_atomic
 from stoker.shards._index_checks import check_depth, int_array, int_in, invalid, list_of, shown
+from stoker.shards._tar import member_name_problem
 from stoker.store import local_path
 
 __all__ = [
@@ -206,6 +207,14 @@ class ShardInfo:
         if type(sha256) is not str or not _SHA256_RE.fullmatch(sha256):
             raise invalid(f"{where}.sha256", sha256, "must be 64 lower-case hex digits")
         keys = list_of(obj["keys"], f"{where}.keys", str)
+        for i, key in enumerate(keys):  # keys reach the user as `__key__`, often a file name
+            problem = member_name_problem(key)
+            if problem is not None:
+                raise invalid(
+                    f"{where}.keys[{i}]",
+                    key,
+                    f"must be relative, without '..' or NUL (it {problem})",
+                )
         n = len(keys)
         int_in(obj["samples"], f"{where}.samples", n, n, f"must be the number of keys, {n}")
         fields = list_of(obj["fields"], f"{where}.fields", list)
