@@ -170,6 +170,7 @@ def test_a_batch_larger_than_the_directory_goes_to_the_temp_dir_with_one_warning
     message = r["warnings"][0]
     assert str(small_shm) in message and "--shm-size" in message and "STOKER_SHM_DIR" in message
     assert 'shm="require"' in message and tempfile.gettempdir() in message
+    assert "a batch of 6.0 MiB" in message, message  # the batch's size, not its header's
     assert r["left"] == [] and r["spill_left"] == []
 
 

@@ -18,6 +18,9 @@ import collections
 import contextlib
 from typing import Any
 
+import numpy as np
+import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker.autotune._scaling import AutoScaler
@@ -212,8 +215,6 @@ class ReplyHandler:
             wid = msg.worker_id
             pid = worker_pid(pool.processes[wid]) if pool is not None else None
             raise unpack_exception(msg.error, wid, pid, index)
-        if isinstance(msg, SlotBatch):
-            self._note_slot(msg, ctx, pool)
         self.tally.delivered(
             len(index) if self._auto_collation and index is not None else 1, msg.failures or ()
         )
@@ -221,22 +222,38 @@ class ReplyHandler:
             batch = msg.batch
         else:  # views of its slot
             batch = decode(msg.payload, msg.slot, self.slots, arrived.mapping)
+            if isinstance(msg, SlotBatch):
+                self._note_slot(msg, ctx, pool, batch)
         if self._pin_device is not None:
             batch = _pin_memory(batch, self._pin_device)
         return batch
 
-    def _note_slot(self, msg: SlotBatch, ctx: EpochContext, pool: WorkerBackend | None) -> None:
+    def _note_slot(
+        self, msg: SlotBatch, ctx: EpochContext, pool: WorkerBackend | None, batch: Any
+    ) -> None:
         """Keep a process worker's stream position; count and warn about batches that found
-        no room in shared memory."""
+        no room in shared memory (``batch``, decoded, gives the size the warning states)."""
         if msg.position is not None and ctx.state is not None:
             ctx.state.worker_states[msg.worker_id] = msg.position  # after this batch
         fallback = msg.fallback
         if fallback in (NO_ROOM, SPILLED) and not self._warned_no_room:
             self._warned_no_room = True
             spill = getattr(pool, "spill_dir", None) if fallback == SPILLED else None
-            warn_no_room(getattr(pool, "shm_dir", ""), len(msg.payload), spill)
+            warn_no_room(getattr(pool, "shm_dir", ""), _array_bytes(batch), spill)
         self.fallbacks += fallback in (1, NO_ROOM)
         self.spilled += fallback == SPILLED
+
+
+def _array_bytes(batch: Any) -> int:
+    """Bytes of the tensors and arrays in ``batch`` (what a slot holds; the header's own size is
+    a few hundred bytes)."""
+    total = 0
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor):
+            total += leaf.numel() * leaf.element_size()
+        elif isinstance(leaf, np.ndarray):
+            total += leaf.nbytes
+    return total
 
 
 def worker_stats(

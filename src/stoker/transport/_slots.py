@@ -180,10 +180,13 @@ class SlotArena:
         (the pipe), or, with ``require``, the error."""
         if not self._require:
             return
+        mib = 1 << 20
+        shared = os.path.dirname(self._dir) or self._dir  # the tmpfs, not the pool's folder
         raise SharedMemoryError(
             errno.ENOSPC,
-            f"{self._dir} has {shm_free_bytes(self._dir)} bytes free but a batch slot needs "
-            f"{size}: give the container more shared memory (`docker run --shm-size=2g`), set "
+            f"{shared} has {shm_free_bytes(self._dir) / mib:.1f} MiB free but a batch slot "
+            f"needs {size / mib:.1f} MiB: give the container more shared memory (`docker run "
+            "--shm-size=1g`), set "
             "STOKER_SHM_DIR to a larger tmpfs, or lower `prefetch_factor`/`batch_size` "
             '(`shm="require"` makes this an error; by default such batches go to files under '
             "the temp directory, or through the pipe).",
