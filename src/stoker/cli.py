@@ -73,8 +73,10 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
     """Print ``parser``'s usage and one line naming the problem on stderr, as argparse does
     for the errors it finds; return the usage-error status."""
+    from stoker._commands.text import printable
+
     parser.print_usage(sys.stderr)
-    print(f"{parser.prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"{parser.prog}: error: {printable(' '.join(message.split()))}", file=sys.stderr)
     return USAGE_ERROR
 
 

@@ -185,3 +185,16 @@ def test_explain_an_unknown_code_is_a_usage_error() -> None:
     # Neither a target nor a code, or both: usage errors too.
     assert run_doctor() == cli.USAGE_ERROR
     assert run_doctor("x.py", "--explain", "SK012") == cli.USAGE_ERROR
+
+
+def test_help_says_that_a_factory_target_runs_its_module(capsys: pytest.CaptureFixture[str]):
+    """A factory in a file from elsewhere runs that file's code: the help must say so before a
+    user points doctor at it (a script target is only read)."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["doctor", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "not executed" in text
+    assert "A factory's module is imported, which executes its top- level code" in text or (
+        "A factory's module is imported, which executes its top-level code" in text
+    )

@@ -133,6 +133,19 @@ def test_the_pixel_limit_is_a_stoker_error_not_a_pillow_warning_or_error(side: i
     assert not isinstance(caught.value.__cause__, Image.DecompressionBombError)
 
 
+@pytest.mark.parametrize("decode", ["pil", "numpy", "torch", {"png": "numpy"}])
+def test_the_pixel_limit_holds_for_a_sample_s_images_together(tmp_path: Path, decode: Any):
+    """Sixty PNGs each under the limit decoded to 3.5 GB from a 595 KB sample: the limit is
+    per sample, all its images together."""
+    members = [(f"{i}.png", image_bytes("PNG", size=(40, 25))) for i in range(5)]  # 1,000 px each
+    pack(OneSample(members), tmp_path / "shards", shard_size=1 << 20, workers=1)
+    fits = ShardDataset(tmp_path / "shards", decode=decode, max_image_pixels=5000)[0]
+    assert len([k for k in fits if not k.startswith("__")]) == 5
+    over = ShardDataset(tmp_path / "shards", decode=decode, max_image_pixels=4999)
+    with pytest.raises(ShardError, match=r"field '4.png' \(after 4,000 pixels of the sample's"):
+        over[0]
+
+
 def test_max_image_pixels_moves_the_limit_without_touching_pillow(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):

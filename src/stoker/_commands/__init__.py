@@ -1,1 +1,2 @@
-"""What every ``stoker`` command shares: its console, its output file checks, its target."""
+"""What every ``stoker`` command shares: its console, its output file checks, its target, and
+untrusted text made printable."""

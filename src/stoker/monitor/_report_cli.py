@@ -7,6 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from stoker._commands.text import printable
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -40,7 +42,8 @@ def _table(summary: WatchSummary, path: str) -> Table:
     from stoker.monitor._figures import ms
 
     s = summary
-    title = Text(f"stoker report: {path}", no_wrap=True, overflow="ignore")  # a path whole
+    # The path whole, control characters escaped (a log named to clear the screen).
+    title = Text(f"stoker report: {printable(path)}", no_wrap=True, overflow="ignore")
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("value")

@@ -54,9 +54,10 @@ class ShardDataset(tud.Dataset[Any]):
         transform: applied last to each sample. Default ``None``.
         verify: ``"lazy"`` (default: hash each shard on first touch in each process),
             ``"full"`` (hash every shard now) or ``"off"``.
-        max_image_pixels: with ``decode``, images declaring more pixels are refused before
-            decoding, with a ``ShardError``. Default 89,478,485, Pillow's own threshold
-            (Pillow's process-wide setting is neither read nor changed); ``None`` for no limit.
+        max_image_pixels: with ``decode``, a sample whose images declare more pixels in all
+            is refused before they are decoded, with a ``ShardError``. Default 89,478,485,
+            Pillow's own threshold for one image (Pillow's process-wide setting is neither
+            read nor changed); ``None`` for no limit.
         cache_dir: with a URL, the local cache folder (created 0700). Default ``None``:
             ``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``.
         cache_limit: with a URL, the cache's budget in bytes or as ``"20GB"``; least recently

@@ -126,9 +126,9 @@ class LMDBDataset(tud.Dataset[Any]):
         fields: return a tuple of these fields instead of a dict (``"jpg;png"`` takes either).
             Default ``None``.
         transform: applied to each sample after decoding. Default ``None``.
-        max_image_pixels: images declaring more pixels are refused before decoding. Default
-            89,478,485, Pillow's own threshold (Pillow's process-wide setting is neither read
-            nor changed); ``None`` for no limit.
+        max_image_pixels: a sample whose images declare more pixels in all is refused before
+            they are decoded. Default 89,478,485, Pillow's own threshold for one image
+            (Pillow's process-wide setting is neither read nor changed); ``None`` for no limit.
         max_sample_bytes: a sample whose records take more bytes is refused before they are
             copied. Default 256 MiB; ``None`` for no limit.
 

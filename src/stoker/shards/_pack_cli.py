@@ -15,6 +15,8 @@ import argparse
 import sys
 import warnings
 
+from stoker._commands.text import printable
+
 __all__ = ["configure", "parse_size", "report_failure", "run"]
 
 
@@ -90,13 +92,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _show_warning(message: Warning | str, *_: object, **__: object) -> None:
-    print(f"stoker pack: warning: {message}", file=sys.stderr)
+    print(f"stoker pack: warning: {printable(str(message))}", file=sys.stderr)
 
 
 def report_failure(command: str, exc: BaseException) -> int:
     """Print a failed run's error as one line on stderr; return exit status 1."""
     message = " ".join(str(exc).split()) or type(exc).__name__
-    print(f"stoker {command}: {message}", file=sys.stderr)
+    print(f"stoker {command}: {printable(message)}", file=sys.stderr)
     return 1
 
 
