@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -108,6 +109,36 @@ def test_max_sample_bytes_bounds_hdf5_rows_fixed_and_variable(tmp_path: Path):
     assert len(HDF5Dataset(path, max_sample_bytes=None)[1]["blob"]) == 5000
     with pytest.raises(ConfigError, match="`max_sample_bytes` must be an int >= 1"):
         HDF5Dataset(path, max_sample_bytes=0)
+
+
+def test_a_row_of_many_variable_length_values_stops_reading_at_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Descriptors of a 2-d vlen row may all point at one large heap object: read at once, a
+    2.4 MB file asked for 3.4 GiB. Read value by value, it stops one value past the limit."""
+    path = tmp_path / "wide.h5"
+    with h5py.File(path, "w") as f:
+        wide = f.create_dataset("x", (1, 2000), dtype=h5py.vlen_dtype(np.uint8))
+        row = np.empty(2000, dtype=object)
+        for i in range(2000):
+            row[i] = np.full(1024 + i % 2, i % 251, dtype=np.uint8)  # ragged: no broadcast
+        wide[0] = row
+    ds = HDF5Dataset(path, max_sample_bytes=50_000)  # its 2,000 descriptors take 16,000
+    read: list[int] = []  # bytes h5py handed back, read by read (h5py's C memory is untraced)
+    real_getitem = h5py.Dataset.__getitem__
+
+    def counting(self: Any, key: Any) -> Any:
+        value = real_getitem(self, key)
+        read.append(sum(len(v) for v in np.ravel(value)) if value.dtype.kind == "O" else 0)
+        return value
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", counting)
+    with pytest.raises(ShardError, match=r"row 0 takes .* over the limit of 48.8 KiB"):
+        ds[0]
+    assert sum(read) < 50_000, sum(read)  # the whole row is 2 MB
+    monkeypatch.undo()
+    whole = HDF5Dataset(path, max_sample_bytes=None)[0]["x"]
+    assert len(whole) == 2000 and bytes(whole[7]) == bytes([7]) * 1025
 
 
 def test_an_lmdb_sample_over_max_sample_bytes_is_refused_naming_it(tmp_path: Path):

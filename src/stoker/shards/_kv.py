@@ -366,7 +366,10 @@ class HDF5Dataset(tud.Dataset[Any]):
         f = self._handle()
         out: dict[str, Any] = {}
         for name in self.fields:
-            value = f[name][index]
+            if name in self._vlen and f[name].ndim > 1 and self._max_bytes is not None:
+                value = self._vlen_row(f[name], index, self._max_bytes)
+            else:
+                value = f[name][index]
             if (
                 isinstance(value, np.ndarray)
                 and value.dtype == np.uint8
@@ -385,6 +388,18 @@ class HDF5Dataset(tud.Dataset[Any]):
                 self._max_bytes,
             )
         return out
+
+    def _vlen_row(self, dataset: Any, index: int, limit: int) -> np.ndarray:
+        """A row of several variable-length values, read value by value against
+        ``max_sample_bytes``: their descriptors may all point at one large heap object, so a
+        2.4 MB file asked for 3.4 GiB in one read (each value's bytes are in the file)."""
+        row = np.empty(dataset.shape[1:], dtype=object)
+        total = self._fixed_bytes
+        for position in np.ndindex(*row.shape):
+            row[position] = value = dataset[(index, *position)]
+            total += _value_bytes(value)
+            check_sample_bytes(f"{self.path}: row {index}", total, limit)
+        return row
 
     def __getitem__(self, index: int) -> Any:
         row = self.row(index)
