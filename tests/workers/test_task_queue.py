@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import threading
 
+import pytest
+
 from stoker.workers._queue import TaskQueue
 
 
@@ -38,3 +40,20 @@ def test_a_reader_that_finds_the_queue_non_blocking_waits_for_its_task(tmp_path)
     q.put(b"task")
     reader.join(timeout=10)
     assert got == [b"task"]
+
+
+def test_a_task_file_replaced_before_it_is_read_is_refused_not_unpickled(tmp_path) -> None:
+    """A process with this uid (or root in another container sharing /dev/shm) could replace a
+    queued task file, and the worker unpickled what it found: the record, which crosses the
+    pipe, now carries the task's length and digest."""
+    q = _queue(tmp_path)
+    task = b"t" * 10_000
+    for planted in (b"x" * 10_000, b"t" * 9_999, b"t" * 10_000 + b"more", b""):
+        q.put(task)
+        (path,) = tmp_path.glob("overflow-*")
+        path.write_bytes(planted)  # same name, same owner: only the bytes differ
+        with pytest.raises(ValueError, match="was changed after the main process wrote it"):
+            q.get()
+        assert not list(tmp_path.glob("overflow-*"))
+    q.put(task)
+    assert q.get() == task  # an untouched file still reads

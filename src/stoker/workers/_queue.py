@@ -6,13 +6,18 @@ record, so each read returns one whole record: no reader lock exists that a work
 mid-read could leave held, and the main process can drain the queue at any time (it does
 after a worker dies, to find the batches that worker took). A task too large for a record
 (a batch of thousands of indices) is written to a file in the pool's private directory and the
-record names it; a reader accepts only a name with the queue's prefix, in that directory, and
-only a regular file of this user.
+record names it, with its length and SHA-256 digest; a reader accepts only a name with the
+queue's prefix, in that directory, only a regular file of this user, and only the bytes the
+record's digest vouches for (the record crosses the pipe, which no other process can write to;
+the file could be replaced by a process with this uid, or root in another container that
+shares /dev/shm, and a task is unpickled).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import os
 import select
 import struct
@@ -24,6 +29,7 @@ __all__ = ["RECORD", "TaskQueue"]
 
 RECORD = 4096  # == PIPE_BUF on Linux: writes up to this size are atomic
 _LEN = struct.Struct("<I")
+_SIZE = struct.Struct("<Q")
 _INLINE = RECORD - _LEN.size
 _OVERFLOW = 0xFFFFFFFF
 
@@ -61,7 +67,10 @@ class TaskQueue:
             with os.fdopen(create_private_file(path, os.O_WRONLY), "wb") as f:
                 f.write(data)
             name = os.path.basename(path).encode()
-            record = _LEN.pack(_OVERFLOW) + _LEN.pack(len(name)) + name
+            digest = hashlib.sha256(data).digest()
+            record = (
+                _LEN.pack(_OVERFLOW) + _LEN.pack(len(name)) + name + _SIZE.pack(len(data)) + digest
+            )
         os.write(self.writer.fileno(), record.ljust(RECORD, b"\0"))
 
     def _decode(self, record: bytes) -> bytes:
@@ -69,14 +78,23 @@ class TaskQueue:
         if n != _OVERFLOW:
             return record[_LEN.size : _LEN.size + n]
         (m,) = _LEN.unpack_from(record, _LEN.size)
-        name = record[2 * _LEN.size : 2 * _LEN.size + m].decode()
+        end = 2 * _LEN.size + m
+        name = record[2 * _LEN.size : end].decode()
+        (size,) = _SIZE.unpack_from(record, end)
+        digest = record[end + _SIZE.size : end + _SIZE.size + 32]
         prefix = os.path.basename(self.overflow_prefix)
         if os.sep in name or not name.startswith(prefix):
             raise ValueError(f"task record names {name!r}, not one of this queue's files")
         path = os.path.join(os.path.dirname(self.overflow_prefix), name)
         with os.fdopen(open_private_file(path), "rb") as f:
-            data = f.read()
+            data = f.read(size + 1)  # never more than the record says, however large the file
         os.unlink(path)
+        if len(data) != size or not hmac.compare_digest(hashlib.sha256(data).digest(), digest):
+            raise ValueError(
+                f"task file {path} was changed after the main process wrote it ({len(data)} "
+                f"bytes, {size} written): another process with access to the shared-memory "
+                "directory replaced it; the task is not read"
+            )
         return data
 
     def get(self) -> bytes:
