@@ -189,3 +189,20 @@ def case_two_loaders(directory: str) -> dict[str, Any]:
     got.extend(indices_of(it))
     del it, first
     return {"first": sorted(got), "second": sorted(second)}
+
+
+def test_a_shared_directory_without_the_sticky_bit_is_refused_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the sticky bit any user could rename a live loader's pool folder away (the
+    loader then died with a bare FileNotFoundError): such a directory is refused at iter()."""
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("STOKER_SHM_DIR", str(shared))
+    loader = stoker.DataLoader(RandomDataset(8), batch_size=4, num_workers=1)
+    with pytest.raises(stoker.SharedMemoryError, match=r"not sticky \(mode 0o777\).*chmod \+t"):
+        iter(loader)
+    assert list(shared.iterdir()) == []
+    shared.chmod(0o1777)  # sticky, as /dev/shm: accepted
+    assert sorted(indices_of(loader)) == list(range(8))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import stat
 import tempfile
 from typing import Any, NamedTuple
 
@@ -51,6 +52,15 @@ def shared_memory_directory(spill: bool) -> str:
             f"The shared-memory directory {directory!r} does not exist or is not writable: "
             "point STOKER_SHM_DIR at a writable tmpfs directory (or unset it for /dev/shm), "
             'or use `backend="thread"`, which needs no shared memory.',
+        )
+    mode = os.stat(directory).st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise SharedMemoryError(
+            errno.EPERM,
+            f"The shared-memory directory {directory!r} may be written by other users and is "
+            f"not sticky (mode 0o{stat.S_IMODE(mode):o}): any of them could rename or remove "
+            "a running loader's pool folder. Make it sticky like /dev/shm (`chmod +t "
+            f"{directory}`), or point STOKER_SHM_DIR at a folder only you can write.",
         )
     reclaim_stale_pools(directory)
     if spill:
