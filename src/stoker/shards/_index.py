@@ -19,8 +19,9 @@ before anything uses it: integers are JSON integers (not booleans, floats or str
 their bounds, every member lies inside its shard's declared size (the reader checks that size
 against the file when it maps it), names are plain file names, lists are lists. Anything else
 is a :class:`ShardError` naming the file, the field and the value, so that no index can make a
-read return bytes from outside its member, and nothing is allocated in proportion to a number
-the file declares.
+read return bytes from outside its shard (an offset moved within the shard still reads that
+shard's bytes: the index is the map), and nothing is allocated in proportion to a number the
+file declares.
 """
 
 from __future__ import annotations
