@@ -297,9 +297,9 @@ def test_full_shm_dir_is_a_clear_error_not_a_sigbus() -> None:
     assert "SIGBUS" not in message
     assert SHM_DIR in message and "free" in message, message
     assert "--shm-size" in message and "STOKER_SHM_DIR" in message, message
-    # The needed bytes are named (at least the batch's size).
-    numbers = [int(n) for n in re.findall(r"\d{6,}", message)]
-    assert any(n >= batch_bytes for n in numbers), message
+    # The space needed is named, in MiB (at least the batch's size).
+    needs = re.search(r"needs (\d+\.\d) MiB", message)
+    assert needs is not None and float(needs.group(1)) * (1 << 20) >= batch_bytes, message
 
 
 def test_full_shm_dir_by_default_sends_every_batch_through_the_pipe() -> None:

@@ -366,6 +366,7 @@ class HDF5Dataset(tud.Dataset[Any]):
         f = self._handle()
         out: dict[str, Any] = {}
         for name in self.fields:
+            value: Any
             if name in self._vlen and f[name].ndim > 1 and self._max_bytes is not None:
                 value = self._vlen_row(f[name], index, self._max_bytes)
             else:
@@ -396,7 +397,8 @@ class HDF5Dataset(tud.Dataset[Any]):
         row = np.empty(dataset.shape[1:], dtype=object)
         total = self._fixed_bytes
         for position in np.ndindex(*row.shape):
-            row[position] = value = dataset[(index, *position)]
+            key = (index, *position)
+            row[position] = value = dataset[key]
             total += _value_bytes(value)
             check_sample_bytes(f"{self.path}: row {index}", total, limit)
         return row
