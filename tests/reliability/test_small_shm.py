@@ -226,3 +226,15 @@ def test_the_monitor_shows_batches_that_found_no_room(small_shm: Path) -> None:
     counts = [c for c, _ in r["reports"]]
     assert counts and counts[-1] and counts[-1] > 0, r["reports"]
     assert any("no room in shared memory" in text for _, text in r["reports"]), r["reports"]
+
+
+def test_the_no_room_warning_names_the_users_line(tmp_path: Path) -> None:
+    """It named `_iterator.py` inside stoker; it names the first frame outside stoker and
+    torch's loader."""
+    from stoker.transport import warn_no_room
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_no_room(str(tmp_path), 6 << 20, str(tmp_path / "spill"))
+    (w,) = caught
+    assert w.filename == __file__ and "a batch of 6.0 MiB" in str(w.message)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from stoker._introspect.frames import user_stacklevel
 from stoker._introspect.platform import shm_dir, shm_free_bytes, shm_total_bytes
 from stoker.errors import SharedMemoryError
 from stoker.transport._mapping import map_file
@@ -405,5 +406,5 @@ def warn_no_room(directory: str, batch_bytes: int, spill: str | None = None) -> 
         "STOKER_SHM_DIR at a larger tmpfs, or lower `batch_size`/`prefetch_factor`; "
         '`shm="require"` makes this an error instead.',
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=user_stacklevel(),
     )
