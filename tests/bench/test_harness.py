@@ -337,3 +337,23 @@ def test_train_family_and_peer_grids_run_every_planned_configuration() -> None:
         for c in table.contenders:
             assert c.ok and len(c.runs) == 1, (c.name, c.error)
             assert c.runs[0].steps >= 2
+
+
+def test_quick_train_family_is_fed_by_the_torch_row_the_loader_table_stars() -> None:
+    """Quick mode fed the step from the short grid's winner while the loader table starred
+    another torch row as torch's best: the two verdicts named different configurations."""
+    plan = _tiny_plan(
+        repeats=2,
+        stoker_auto=True,
+        auto_settle_s=0.05,
+        train_shapes=("gpu",),
+        train_run_s=0.05,
+        train_roles=frozenset({"stoker-auto", "torch-best"}),
+    )
+    result = bench_workload(_workload(), plan, quick=True)
+    starred = result.torch_best
+    assert starred is not None
+    (table,) = result.train
+    torch_rows = [c.name for c in table.contenders if c.name.startswith("torch")]
+    assert torch_rows == [starred.name]
+    assert [c.name for c in table.contenders if c.name.startswith("stoker")] == ["stoker auto"]

@@ -105,3 +105,15 @@ def test_diagnosis_lines() -> None:
         "set `num_workers` (4 cores here)",
     )
     assert d.diagnose(0.10)[0] == "mild"
+
+
+def test_lockstep_advice_names_stoker_only_to_users_of_another_loader() -> None:
+    """A stoker.DataLoader user was told that stoker.DataLoader dispatches to any idle worker."""
+    saw = d.find_sawtooth([0.001, 0.001, 0.001, 0.04] * 32, [0.005] * 128)
+    assert saw is not None and saw.period == 4
+    ours = LoaderHealth(backend="process", num_workers=4, busy_fraction=0.5, busy_source="stats")
+    theirs = LoaderHealth(backend="process", num_workers=4, busy_fraction=0.5, busy_source="cpu")
+    for health, names_stoker in ((ours, False), (theirs, True), (None, True)):
+        _, text, action = d.diagnose(0.3, loader=health, num_workers=4, sawtooth=saw, cores=4)
+        assert "workers deliver in lockstep" in text and "raise `prefetch_factor`" in str(action)
+        assert ("stoker.DataLoader dispatches" in str(action)) is names_stoker, (health, action)

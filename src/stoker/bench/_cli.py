@@ -216,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     render(result, console())
     if noise.total:
         print(
-            f"  torchdata: {noise.total} errors in its own teardown (after timing) not shown",
+            f"  torchdata: {noise.total} error{'s' if noise.total != 1 else ''} in its own "
+            "teardown (after timing) not shown (a known race of its process mapper)",
             file=sys.stderr,
         )
     try:

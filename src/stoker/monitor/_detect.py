@@ -326,7 +326,9 @@ def diagnose(
         workers = loader.num_workers if loader and loader.num_workers else num_workers
         if workers and sawtooth.period == workers:
             saw += " (= num_workers: workers deliver in lockstep)"
-            lockstep = "raise `prefetch_factor`; stoker.DataLoader dispatches to any idle worker"
+            lockstep = "raise `prefetch_factor`"
+            if loader is None or loader.busy_source != "stats":  # not stoker's loader already
+                lockstep += "; stoker.DataLoader dispatches to any idle worker"
             if verdict != "healthy":  # healthy: no advice that would contradict it
                 action = f"{action}; {lockstep}" if action else lockstep
         extra.append(saw)

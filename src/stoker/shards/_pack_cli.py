@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         return report_failure("pack", exc)
     size = sum(s.size for s in index.shards)
     print(
-        f"packed {index.samples} samples into {len(index.shards)} shards "
+        f"packed {index.samples} sample{'s' if index.samples != 1 else ''} into "
+        f"{len(index.shards)} shard{'s' if len(index.shards) != 1 else ''} "
         f"({size / 1e6:,.1f} MB) in {args.out}"
     )
     return 0
