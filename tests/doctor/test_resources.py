@@ -142,3 +142,17 @@ def test_diagnose_of_a_stoker_loader_names_the_spill_unless_shm_is_required(
         report = diagnose(loader, shm_dir=str(tmp_path), shm_free_bytes=100 * 1024)
         (f,) = [f for f in report.findings if f.code == "SK201"]
         assert f.severity is severity, (shm, f)
+
+
+def test_stoker_slots_count_their_growth_room() -> None:
+    """0.5 MiB batches x 2 workers x prefetch 2 on a 4 MiB tmpfs: exactly half for torch's
+    exact segments, but stoker's slots are 1.25x their batch and a third of the batches
+    spilled; the finding said nothing."""
+    args = {"shm_path": "/mnt/shm4", "free_bytes": 4 * MiB, "workers": 2, "prefetch": 2}
+    assert check_shm(**args, batch_bytes=MiB // 2) == []
+    (f,) = check_shm(**args, batch_bytes=MiB // 2, spill_dir="/tmp", slot_factor=1.25)
+    assert f.severity is Severity.WARNING
+    assert f.observed == (
+        "/mnt/shm4 has 4.0 MiB free but 2 workers x prefetch 2 x 0.5 MiB batches (in slots "
+        "1.25x their size) take 2.5 MiB, more than half of it"
+    )

@@ -197,7 +197,9 @@ CODES: tuple[CodePage, ...] = (
     CodePage(
         "SK201",
         severity="error if it does not fit, warning above half",
-        checks="shm free bytes against workers x prefetch x batch bytes",
+        checks=(
+            "shm free bytes against workers x prefetch x batch bytes (x 1.25 for stoker's slots)"
+        ),
         fix="`--shm-size`, lower `prefetch_factor`",
     ),
     CodePage(

@@ -16,6 +16,7 @@ from typing import Any
 from stoker._introspect import platform as _platform
 from stoker.doctor._finding import Finding, Severity
 from stoker.doctor._subject import Subject
+from stoker.transport import GROWTH_FACTOR
 
 __all__ = [
     "check_cores",
@@ -46,6 +47,7 @@ def check_shm(
     prefetch: int,
     batch_bytes: int,
     spill_dir: str | None = None,
+    slot_factor: float = 1.0,
 ) -> list[Finding]:
     """SK201: the shared-memory directory cannot hold the batches in flight.
 
@@ -57,13 +59,17 @@ def check_shm(
         batch_bytes: tensor bytes of one batch.
         spill_dir: where a stoker loader (``shm="auto"``) puts the slots ``shm_path`` has no
             room for; None for torch's loader and ``shm="require"``, which fail instead.
+        slot_factor: bytes a batch in flight holds per byte of tensors (stoker's slots are
+            made larger than their batch to absorb growth; torch's segments are exact).
     """
-    need = workers * prefetch * batch_bytes
+    need = int(workers * prefetch * batch_bytes * slot_factor)
     if workers <= 0 or need <= 0 or need <= free_bytes * SHM_WARN_SHARE:
         return []
     short = need > free_bytes
     severity = Severity.ERROR if short and spill_dir is None else Severity.WARNING
-    verdict = "need" if short else "take more than half of it:"
+    verdict = f"need {_mib(need)}" if short else f"take {_mib(need)}, more than half of it"
+    if slot_factor != 1.0:
+        verdict = f"(in slots {slot_factor:g}x their size) {verdict}"
     size_gib = max(1, math.ceil(need * 2 / 2**30))
     if spill_dir is None:
         why = (
@@ -84,7 +90,7 @@ def check_shm(
             severity,
             f"{shm_path} is too small for the batches in flight",
             f"{shm_path} has {_mib(free_bytes)} free but {workers} workers x prefetch "
-            f"{prefetch} x {_mib(batch_bytes)} batches {verdict} {_mib(need)}",
+            f"{prefetch} x {_mib(batch_bytes)} batches {verdict}",
             why,
             f"docker run --shm-size={size_gib}g ...   # or in Kubernetes: an emptyDir with "
             "medium: Memory on /dev/shm\n"
@@ -281,6 +287,7 @@ def check_resources(
             prefetch=subject.prefetch_factor,
             batch_bytes=batch_bytes,
             spill_dir=tempfile.gettempdir() if spills else None,
+            slot_factor=GROWTH_FACTOR if subject.is_stoker else 1.0,
         )
     try:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

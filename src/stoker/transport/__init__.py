@@ -23,9 +23,17 @@ from stoker.transport._namespace import (
     open_private_file,
     reclaim_stale_pools,
 )
-from stoker.transport._slots import SlotArena, SlotMap, slot_prefix, unlink_owned, warn_no_room
+from stoker.transport._slots import (
+    GROWTH_FACTOR,
+    SlotArena,
+    SlotMap,
+    slot_prefix,
+    unlink_owned,
+    warn_no_room,
+)
 
 __all__ = [
+    "GROWTH_FACTOR",
     "MARKER",
     "PoolNamespace",
     "ReclaimReport",
