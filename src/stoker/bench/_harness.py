@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,7 +35,14 @@ from stoker.bench._contenders import (
 from stoker.bench._measure import TreeMeter
 from stoker.bench._plan import Plan, Progress, Report, SeededSampler
 from stoker.bench._ramp import RAMP_STARTS, REACH, measure_ramp, ramps_planned
-from stoker.bench._result import ContenderResult, GridPoint, Ramp, RunSample, WorkloadResult
+from stoker.bench._result import (
+    ContenderResult,
+    GridPoint,
+    Ramp,
+    RunSample,
+    WorkloadResult,
+    fastest,
+)
 from stoker.bench._runs import alternate, describe, timed_run, wait_children_exit
 from stoker.bench._stats import Ideal, median
 from stoker.bench._train import bench_train, train_roles
@@ -270,19 +277,20 @@ def bench_workload(
         ramps = tuple(
             _ramp(dataset, workload, plan, start, reference, report) for start in RAMP_STARTS
         )
-    train: tuple[TrainTable, ...] = ()
-    if trains(workload, plan):
-        feeding = train_specs(specs, plan.train_roles)
-        starred = _fastest_torch(specs, runs)
-        if plan.train_roles is not None and starred is not None:
-            # One torch row feeds the step: the one the loader table stars as torch's best
-            # (the short grid's winner may lose the timed runs), so both verdicts name it.
-            feeding = [s for s in feeding if s.library != "torch"] + [starred]
-        train = bench_train(dataset, workload, plan, feeding, ideal, report)
     contenders = tuple(
         ContenderResult(s.name, s.library, s.roles, s.config, tuple(runs[i]), errors.get(i))
         for i, s in enumerate(specs)
     )
+    train: tuple[TrainTable, ...] = ()
+    if trains(workload, plan):
+        feeding = train_specs(specs, plan.train_roles)
+        starred = fastest(contenders, "torch")
+        if plan.train_roles is not None and starred is not None:
+            # One torch row feeds the step: the one the loader table stars as torch's best
+            # (the short grid's winner may lose the timed runs), so both verdicts name it.
+            starred_spec = specs[contenders.index(starred)]
+            feeding = [s for s in feeding if s.library != "torch"] + [starred_spec]
+        train = bench_train(dataset, workload, plan, feeding, ideal, report)
     return WorkloadResult(
         **base,
         ideal=ideal,
@@ -292,18 +300,6 @@ def bench_workload(
         ramps=ramps,
         train=train,
     )
-
-
-def _fastest_torch(
-    specs: list[ContenderSpec], runs: Mapping[int, list[RunSample]]
-) -> ContenderSpec | None:
-    """The torch contender with the highest median rate in the timed runs (the table's *)."""
-    torch_rows = [
-        (median([r.samples_per_s for r in runs[i]]), i)
-        for i, s in enumerate(specs)
-        if s.library == "torch" and runs.get(i)
-    ]
-    return specs[max(torch_rows)[1]] if torch_rows else None
 
 
 def _ramp(

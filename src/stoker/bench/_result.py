@@ -7,6 +7,7 @@ re-reported exactly (see :mod:`stoker.bench._report` for the JSON schema).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ __all__ = [
     "Role",
     "RunSample",
     "WorkloadResult",
+    "fastest",
 ]
 
 # What a contender stands for in the comparison (one contender may play several roles).
@@ -203,6 +205,12 @@ class Ramp:
         return self.reach_s / self.epoch_s
 
 
+def fastest(contenders: Sequence[ContenderResult], library: str) -> ContenderResult | None:
+    """``library``'s contender with the highest median samples/s in the repeats."""
+    ran = [c for c in contenders if c.library == library and c.ok]
+    return max(ran, key=lambda c: c.samples_per_s or 0.0, default=None)
+
+
 @dataclass(frozen=True)
 class WorkloadResult:
     """Everything measured for one workload.
@@ -245,8 +253,7 @@ class WorkloadResult:
 
     def best(self, library: str) -> ContenderResult | None:
         """``library``'s contender with the highest median samples/s in the repeats."""
-        ran = [c for c in self.contenders if c.library == library and c.ok]
-        return max(ran, key=lambda c: c.samples_per_s or 0.0, default=None)
+        return fastest(self.contenders, library)
 
     @property
     def torch_best(self) -> ContenderResult | None:
