@@ -58,8 +58,9 @@ def _timed(count: int, x: torch.Tensor) -> float:
 
 def run(
     loader: Any, ops: int, wait_s: float, settle: float, seconds: float
-) -> tuple[float, float, float]:
-    """(steps/s, median launch seconds, share of time waiting for data) of one loader."""
+) -> tuple[float, float, float, str]:
+    """(steps/s, median launch seconds, share of time waiting for data, where a stoker loader
+    ended: backend and workers) of one loader."""
     it = iter(loader) if loader is not None else None
     batch: Any = None
     x = torch.ones(64)
@@ -88,9 +89,13 @@ def run(
         steps += 1
     wall = time.perf_counter() - t0
     del it
+    ended = ""
+    if isinstance(loader, stoker.DataLoader):
+        stats = loader.stats()
+        ended = f"{stats.backend}:{stats.num_workers}"
     if loader is not None:
         close_loader(loader)
-    return steps / wall, statistics.median(launches), waited / wall
+    return steps / wall, statistics.median(launches), waited / wall, ended
 
 
 def make(kind: str, dataset: Any, batch_size: int) -> Any:
@@ -119,7 +124,7 @@ def main() -> None:
     workload, dataset = open_workload(args.workload)
     ops = args.ops or calibrate(args.launch_ms / 1e3)
     names = ["memory", *args.contenders]
-    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    results: dict[str, list[tuple[float, float, float, str]]] = {name: [] for name in names}
     held = next(iter(torch.utils.data.DataLoader(dataset, batch_size=workload.batch_size)))
     for _ in range(args.rounds):
         for name in names:
@@ -142,12 +147,13 @@ def main() -> None:
         print(
             f"  {name:<18} {med:6.2f} steps/s (spread {spread:4.0%})  launch "
             f"{launch * 1e3:5.2f} ms  waiting for data {waits:4.0%}  "
-            f"runs {' '.join(f'{r:.2f}' for r in rates)}",
+            f"runs {' '.join(f'{r:.2f}' for r in rates)}"
+            + (f"  ended {' '.join(r[3] for r in results[name])}" if results[name][0][3] else ""),
             flush=True,
         )
 
 
-def _held(batch: Any, ops: int, args: Any) -> tuple[float, float, float]:
+def _held(batch: Any, ops: int, args: Any) -> tuple[float, float, float, str]:
     """The step fed one batch held in memory (no loader)."""
 
     class Held:

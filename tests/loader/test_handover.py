@@ -4,6 +4,8 @@ a batch, and a loop that holds the GIL keeps its processes."""
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
 
 import pytest
@@ -137,6 +139,47 @@ def test_a_loop_that_holds_the_gil_keeps_its_processes(quick: None) -> None:
     notes = " | ".join(stats.notes)
     assert stats.backend == "process" and "holds the GIL" in notes, notes
     del loader
+
+
+@measures_the_machine
+def test_a_loop_that_launches_small_ops_keeps_its_processes(quick: None) -> None:
+    # A GPU-like step: about 2 ms of small torch ops (each gives the GIL up, so the GIL reads
+    # free), then a 20 ms device wait; thread workers would take the GIL from every launch.
+    n = 600
+    loader = stoker.DataLoader(Waiting(n), batch_size=8, num_workers="auto")
+    x = torch.zeros(16)
+    seen = []
+    for batch in loader:
+        seen.extend(int(v) for v in batch[:, 0])
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            x.add_(1.0)
+        time.sleep(0.02)
+    assert seen == list(range(n))
+    stats = loader.stats()
+    notes = " | ".join(stats.notes)
+    assert stats.backend == "process" and "launches ops" in notes, notes
+    del loader
+
+
+@measures_the_machine
+def test_the_meter_leaves_out_the_loops_cpu_spent_in_stoker() -> None:
+    clock = time.pthread_getcpuclockid(threading.get_ident())
+    whole = GilMeter(period_s=0.005, wakeups=5)
+    # Every CPU second of this thread said to be stoker's own: the loop's share reads 0.
+    without = GilMeter(period_s=0.005, wakeups=5, own_cpu=lambda: time.clock_gettime(clock))
+    whole.start()
+    without.start()
+    try:
+        _spin(0.5)
+    finally:
+        whole.close()
+        without.close()
+    assert whole.loop_cpu() and without.loop_cpu()
+    assert max(without.loop_cpu()) < 0.1 < 0.5 < statistics.median(whole.loop_cpu()), (
+        whole.loop_cpu(),
+        without.loop_cpu(),
+    )
 
 
 class Slow(Dataset):

@@ -67,6 +67,21 @@ def test_watching_pins_the_pool_and_a_held_gil_unpins_it(handover, monkeypatch) 
     assert loader._resolved_backend == "process"
 
 
+def test_a_free_gil_with_a_busy_loop_thread_keeps_the_processes(handover, monkeypatch) -> None:
+    # Small torch ops give the GIL up at every op (it reads free), yet the loop's thread runs.
+    made, scaler, loader = handover
+    pool = ThreadPool(_specs(1), (EventGatedDataset(), default_collate, None))
+    try:
+        monkeypatch.setattr(made.meter, "readings", lambda: [0.0] * _switch.HANDOVER_READINGS)
+        monkeypatch.setattr(made.meter, "loop_cpu", lambda: [0.2] * _switch.HANDOVER_READINGS)
+        note = made.watch(None, pool, scaler)
+    finally:
+        pool.shutdown()
+    assert note is not None and "launches ops 20%" in note and "processes stay" in note
+    assert made.state is None and loader._resolved_backend == "process"
+    assert scaler.controller.max_workers > 2
+
+
 def test_a_free_gil_takes_back_the_queue_and_returns_threads(handover, monkeypatch) -> None:
     made, scaler, loader = handover
     dataset = EventGatedDataset()

@@ -13,7 +13,8 @@ sleep, a read or a GIL-free numpy or torch call.
 It reads a loop that launches many small torch ops as free, though: each op gives the GIL up,
 and the sentinel gets it then; a thread worker gets it too, and the op after waits for it. So
 each reading also carries the share of its wall time that the thread which started the meter
-(the training loop's) spent on a CPU.
+(the training loop's) spent on a CPU, less what the caller says was its own work there
+(stoker's receiving of batches is not the loop's launch phase).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from stoker._introspect.platform import thread_sched_seconds
 
@@ -38,7 +40,15 @@ class GilMeter:
     :meth:`start`, read it with :meth:`readings`, end it with :meth:`close`; :meth:`disturb`
     leaves out the readings a known disturbance (starting a process) touched."""
 
-    def __init__(self, period_s: float | None = None, wakeups: int | None = None) -> None:
+    def __init__(
+        self,
+        period_s: float | None = None,
+        wakeups: int | None = None,
+        own_cpu: Callable[[], float] | None = None,
+    ) -> None:
+        """``own_cpu()``: CPU seconds the loop's thread spent so far in work that is not the
+        loop's own (left out of its readings' CPU share)."""
+        self._own_cpu = own_cpu
         self.period_s = GIL_PERIOD_S if period_s is None else period_s
         self.wakeups = READING_WAKEUPS if wakeups is None else wakeups
         self._lock = threading.Lock()
@@ -64,9 +74,10 @@ class GilMeter:
         if self._loop_clock is None:
             return None
         try:
-            return time.clock_gettime(self._loop_clock)
+            spent = time.clock_gettime(self._loop_clock)
         except OSError:  # the loop's thread ended
             return None
+        return spent - self._own_cpu() if self._own_cpu is not None else spent
 
     def _run(self) -> None:
         stop, period = self._stop, self.period_s

@@ -285,6 +285,17 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
     # -- receiving -----------------------------------------------------------------------
 
     def _next_data(self) -> Any:
+        handover = self._handover
+        if handover is not None and handover.state == "watch":
+            # The handover reads the loop's own CPU share: this call's is stoker's.
+            began = time.thread_time()
+            try:
+                return self._next_batch()
+            finally:
+                handover.own_cpu_s += time.thread_time() - began
+        return self._next_batch()
+
+    def _next_batch(self) -> Any:
         if self._device_stage is not None:
             return self._device_stage.next()
         return self._next_host()[1]

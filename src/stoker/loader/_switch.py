@@ -4,24 +4,28 @@ A ``num_workers="auto"`` loader whose probe chose threads to cover waits starts 
 workers instead, because a training loop that runs Python holds the GIL that thread workers
 need after every wait (``benchmarks/gil_step.py`` measures what threads lose). A
 :class:`Handover` measures with a :class:`~stoker.autotune._gil.GilMeter` how long a thread of
-the main process waits for the GIL; once :data:`HANDOVER_READINGS` readings were taken, a
-median under :data:`GIL_FREE` hands the loading over to threads mid-epoch: dispatch pauses,
-the tasks no process has taken are taken back, the processes give up the batches they load at
-their next sample, and :meth:`Handover.replace` returns the thread pool that loads those and
-the rest of the epoch (dispatch is by batch index, so what is delivered does not change). A
-busier loop keeps the processes. Threads never hand back to processes: a dataset that opened
-a handle lazily in the main process would pass it to forked workers.
+the main process waits for the GIL, and what share of its time the training loop's thread
+spends on a CPU outside stoker (its Python and op launches). Once :data:`HANDOVER_READINGS`
+readings were taken, :func:`~stoker.autotune._backend_rule.hand_over` decides: a loop that
+leaves the GIL free and launches next to nothing hands the loading over to threads mid-epoch:
+dispatch pauses, the tasks no process has taken are taken back, the processes give up the
+batches they load at their next sample, and :meth:`Handover.replace` returns the thread pool
+that loads those and the rest of the epoch (dispatch is by batch index, so what is delivered
+does not change). A busier loop keeps the processes: a launch phase of small torch ops gives
+the GIL up at every op (the GIL reads free) yet waits for it behind thread workers at the
+next. Threads never hand back to processes: a dataset that opened a handle lazily in the main
+process would pass it to forked workers.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple
 
 from stoker._introspect.platform import usable_cores
+from stoker.autotune._backend_rule import GIL_FREE, hand_over
 from stoker.autotune._gil import GilMeter
 from stoker.autotune._scaling import AutoScaler
 from stoker.loader._dispatch import batch_task
@@ -40,12 +44,9 @@ __all__ = [
     "watch_workers",
 ]
 
-# Readings (of autotune._gil.READING_WAKEUPS wake-ups each, 0.2 s) the decision waits for, and
-# the median GIL wait (a share of the switch interval) under which the loop is taken to leave
-# the GIL free: a trivial loop reads well under it, 2 ms of Python per batch above it
-# (benchmarks/gil_step.py; figures in benchmarks/README.md).
+# Readings (of autotune._gil.READING_WAKEUPS wake-ups each, 0.2 s) the decision waits for
+# (the thresholds: autotune._backend_rule.GIL_FREE and LOOP_CPU_FREE).
 HANDOVER_READINGS = 5
-GIL_FREE = 0.1
 # Threads started per process worker handed over (at least; see Handover.replace).
 HANDOVER_THREADS_PER_PROCESS = 2
 # Process workers per usable core the pool may grow to while the handover is undecided: more
@@ -88,7 +89,10 @@ class Handover:
         self.state: Literal["watch", "drain"] | None = "watch"
         self.handback: dict[int, BatchTask] = {}  # batch index -> task, for the threads
         self.readings: list[float] = []
-        self.meter: GilMeter | None = GilMeter()
+        # CPU seconds the loop's thread spent inside stoker's next() while watched (the
+        # iterator adds them): receiving batches is not the loop's launch phase.
+        self.own_cpu_s = 0.0
+        self.meter: GilMeter | None = GilMeter(own_cpu=lambda: self.own_cpu_s)
         self.meter.start()
         self._loader = weakref.ref(loader)
         self._started = started
@@ -128,32 +132,25 @@ class Handover:
         if len(readings) < HANDOVER_READINGS:
             return None
         self.readings = readings[-HANDOVER_READINGS:]
-        median = statistics.median(self.readings)
+        loop_cpu = self.meter.loop_cpu()[-HANDOVER_READINGS:]
         self.stop()
-        free = median < GIL_FREE
+        free, why = hand_over(self.readings, loop_cpu)
         loader = self._loader()
         if loader is not None:  # decided for this loader: later iterators follow
             loader._threads_wanted = False
             if free:
                 loader._resolved_backend = "thread"
         stamp = f"{time.monotonic() - self._started:.1f}s"
-        waited = f"a waking thread waited {median:.0%} of the switch interval for it"
         if free:
             self.state = "drain"
             # Take back what no process started; the processes give up what they load now.
             self.handback = {m.idx: m for m in pool.drain_tasks()}
             pool.status.give_up_all()
-            return (
-                f"{stamp}: the training loop leaves the GIL free ({waited}): "
-                "handing over to threads"
-            )
+            return f"{stamp}: {why}"
         self.state = None
         controller = scaler.controller  # processes stay: they may grow as they need
         controller.min_workers, controller.max_workers = self._unpinned
-        return (
-            f"{stamp}: the training loop holds the GIL ({waited}): thread workers would wait "
-            "for it after every wait, so processes stay"
-        )
+        return f"{stamp}: {why}"
 
     def take_back(self, msg: GaveUp, request: Any, epoch_seed: int) -> None:
         """A process gave up a batch while the handover drains: threads will load it."""
