@@ -13,7 +13,7 @@ import torch.utils.data as tud
 
 import stoker
 from stoker.errors import ConfigError
-from stoker.shards import CorruptShardError, ShardDataset, ShardStream, read_index
+from stoker.shards import CorruptShardError, ShardDataset, ShardStream, _stream, read_index
 from stoker.shards._stream import assign_spans
 
 
@@ -160,6 +160,30 @@ def test_stream_yields_every_sample_once_per_epoch(packed: Path) -> None:
     assert ordered == [ds[i]["__key__"] for i in range(len(ds))]
     with pytest.raises(ConfigError, match="`buffer_size`"):
         ds.stream(buffer_size=0)
+
+
+def test_stream_buffer_yields_before_it_is_full_and_fills_as_it_yields(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = 2
+    monkeypatch.setattr(_stream, "FIRST_YIELD_SAMPLES", first)
+    ds = ShardDataset(packed, decode="bytes")
+    reads: list[int] = []
+    buffered = ds.buffered
+    monkeypatch.setattr(ds, "buffered", lambda i: reads.append(i) or buffered(i))
+    n, size = len(ds), 6
+    fill = first + 2 * (size - first) + 1  # read when the buffer first yields at its full size
+    assert n > fill + 1  # so the buffer fills before the epoch ends
+    read_before = []  # samples read when each sample was yielded
+    keys = []
+    for sample in ds.stream(buffer_size=size, seed=1):
+        read_before.append(len(reads))
+        keys.append(sample["__key__"])
+    # The first comes once 2 are held (the 3rd read swaps one out), then two in for each out
+    # until 6 are held, then one in for each out.
+    assert read_before[:3] == [3, 5, 7]
+    assert read_before[size - first] == fill and read_before[size - first + 1] == fill + 1
+    assert sorted(keys) == sorted(ds[i]["__key__"] for i in range(n)) and len(reads) == n
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -212,7 +212,9 @@ class ShardDataset(tud.Dataset[Any]):
         Args:
             shuffle: shuffle the shard order each epoch and samples through a buffer.
                 Default ``True``.
-            buffer_size: samples held by the shuffle buffer. Default 1000.
+            buffer_size: samples held by the shuffle buffer. Default 1000. It yields once
+                it holds 100 (or ``buffer_size``) and fills up as it yields, two samples read
+                for each yielded, so the first batch need not wait for a full buffer.
             seed: base seed, the same on every rank; the order depends on ``(seed, epoch,
                 rank, worker)``. Default 0.
             world: the ranks to split over. Default ``None``: :meth:`stoker.World.current`

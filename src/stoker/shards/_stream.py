@@ -4,7 +4,8 @@ Each epoch the shard order is shuffled (seeded by ``seed`` and the epoch); shard
 the DataLoader's workers (``torch.utils.data.get_worker_info``), each to the worker with the
 fewest samples so far, so workers get balanced whole shards. With fewer shards than workers,
 the samples are split into equal contiguous ranges instead. A shuffle buffer mixes samples
-across the shards a worker reads.
+across the shards a worker reads; it yields from its first :data:`FIRST_YIELD_SAMPLES` on and
+grows to its full size as it yields.
 
 In a distributed job (``stoker.World``: the process group, else torchrun's environment) the
 epoch's shard-ordered sample run is first cut into one equal contiguous range per rank (whole
@@ -46,9 +47,14 @@ class ShardSource(Protocol):
     def finish(self, sample: dict[str, Any]) -> Any: ...
 
 
-__all__ = ["ShardStream", "assign_spans", "rank_span", "split_even"]
+__all__ = ["FIRST_YIELD_SAMPLES", "ShardStream", "assign_spans", "rank_span", "split_even"]
 
 Span = tuple[int, int, int]  # (shard, start, stop): local sample indices of one shard
+
+# Samples the shuffle buffer holds before it yields its first: it then grows to `buffer_size`
+# while it yields (two samples in for each out). Waiting for a full buffer of 1,000 held a
+# cold remote epoch's first batch until each worker had downloaded its whole share.
+FIRST_YIELD_SAMPLES = 100
 
 
 def assign_spans(sizes: list[int], order: list[int], workers: int) -> list[list[Span]]:
@@ -216,10 +222,16 @@ class ShardStream(tud.IterableDataset[Any]):
         )
         rng = np.random.default_rng(key)
         buffer: list[dict[str, Any]] = []
+        first = min(self.buffer_size, FIRST_YIELD_SAMPLES)
+        grow = True
         for sample in raw:
-            if len(buffer) < self.buffer_size:
+            # Full buffer: one in, one out. Filling past `first`: two in, one out, so samples
+            # flow (and a remote shard's download overlaps the decoding) while it fills.
+            if len(buffer) < first or (len(buffer) < self.buffer_size and grow):
                 buffer.append(sample)
+                grow = False
                 continue
+            grow = True
             k = int(rng.integers(len(buffer)))
             buffer[k], sample = sample, buffer[k]
             yield self.dataset.finish(sample)
