@@ -56,7 +56,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             }
         ),
     )
-    monkeypatch.setattr(bench, "QUICK_GRID_WORKERS", (0, 1))
+    monkeypatch.setattr(bench, "QUICK_GRID_WORKERS_PER_CORE", (0, 1))
     return tmp_path
 
 

@@ -200,7 +200,12 @@ def test_run_with_a_custom_workload_and_progress() -> None:
 def test_plans() -> None:
     quick, full = make_plan(quick=True, cores=2), make_plan(quick=False, cores=2)
     assert quick.repeats == 3 and full.repeats == 5
-    assert quick.grid_workers == (0, 1, 2, 4) and full.grid_workers == tuple(range(9))
+    assert quick.grid_workers == (0, 2, 4) and full.grid_workers == tuple(range(9))
+    assert make_plan(quick=True, cores=16).grid_workers == (0, 16, 32)
+    # prefetch 4 only at stoker's count in quick mode, everywhere in full mode
+    points = {(s.num_workers, s.prefetch_factor) for s in quick.grid() if s.library == "torch"}
+    assert points == {(0, None), (2, 2), (2, 4), (4, 2)}, points
+    assert len([s for s in full.grid() if s.library == "torch"]) == 1 + 8 * 2
     assert "quick mode" in quick.grid_note
     assert make_plan(quick=False, cores=64).grid_workers[-1] == 256
     assert len(make_plan(quick=False, cores=64).grid_workers) < 30

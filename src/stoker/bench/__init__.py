@@ -58,7 +58,10 @@ __all__ = [
     "run",
 ]
 
-QUICK_GRID_WORKERS = (0, 1, 2, 4)
+# Quick mode's torch worker counts, per usable core: no workers, stoker's count (one per core)
+# and twice it. 0.5 per core was never torch's best in quick runs on 2 cores (tiny, large,
+# jpeg, io) and each point costs a loader's start and warm-up (1.4 s on jpeg).
+QUICK_GRID_WORKERS_PER_CORE = (0, 1, 2)
 PREFETCH_GRID = (2, 4)
 QUICK_REPEATS = 3
 FULL_REPEATS = 5
@@ -106,12 +109,11 @@ QUICK_PEER_PREFETCH = (2,)
 
 def _grid_workers(cores: int, quick: bool) -> tuple[int, ...]:
     """torch ``num_workers`` values to try: 0 to 4 x cores (geometric beyond 8); quick mode
-    scales its 2-core points by ``cores / 2`` (on 16 cores a grid that stops at 4 workers
-    would leave torch far from its best)."""
+    tries :data:`QUICK_GRID_WORKERS_PER_CORE` per core (on 16 cores a grid that stopped at 4
+    workers left torch far from its best)."""
     top = 4 * cores
     if quick:
-        scale = max(1, cores // 2)
-        return tuple(sorted({n * scale for n in QUICK_GRID_WORKERS if n * scale <= max(top, 1)}))
+        return tuple(sorted({k * max(1, cores) for k in QUICK_GRID_WORKERS_PER_CORE}))
     values = set(range(min(top, 8) + 1))
     n = 8
     while n < top:
@@ -148,9 +150,10 @@ def make_plan(
     if quick:
         note = (
             f"quick mode: torch grid reduced to num_workers in {{{', '.join(map(str, grid))}}}"
-            f" x prefetch_factor {{2, 4}} with short runs (full grid: 0 to {4 * n}); SPDL threads"
-            f" {{{', '.join(map(str, quick_threads))}}}, torchdata.nodes workers from 1 x"
-            " prefetch 2; torch without workers and the seed recipe timed only as grid best"
+            f" x prefetch_factor 2, and 4 at {n} workers, with short runs (full grid: 0 to"
+            f" {4 * n} x {{2, 4}}); SPDL threads {{{', '.join(map(str, quick_threads))}}},"
+            f" torchdata.nodes workers {{{', '.join(str(w) for w in grid if w)}}} x prefetch 2;"
+            " torch without workers and the seed recipe timed only as grid best"
         )
     else:
         note = (
@@ -165,6 +168,7 @@ def make_plan(
         peer_prefetch=QUICK_PEER_PREFETCH if quick else PREFETCH_GRID,
         references=not quick,
         train_roles=QUICK_TRAIN_ROLES if quick else None,
+        prefetch_everywhere=not quick,
         repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,

@@ -41,6 +41,9 @@ class Plan:
         ideal_s: seconds of single-process measurement for the ideal.
         grid_workers: torch ``num_workers`` values the grid tries.
         grid_prefetch: torch ``prefetch_factor`` values the grid tries.
+        prefetch_everywhere: try every ``grid_prefetch`` at every worker count; ``False``
+            (quick mode): the first everywhere, the others only at ``stoker_workers`` (the
+            same-workers row takes torch's better one there).
         grid_note: how the grid was reduced, if it was.
         stoker_workers: stoker's ``num_workers``.
         cores: usable cores.
@@ -92,6 +95,7 @@ class Plan:
     peer_prefetch: tuple[int, ...] = (2, 4)
     references: bool = True
     train_roles: frozenset[str] | None = None
+    prefetch_everywhere: bool = True
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -116,7 +120,8 @@ class Plan:
             if nw > 0:
                 specs += [
                     ContenderSpec("torch", nw, pf, True, roles=("torch-other",))
-                    for pf in self.grid_prefetch
+                    for k, pf in enumerate(self.grid_prefetch)
+                    if k == 0 or self.prefetch_everywhere or nw == self.stoker_workers
                 ]
         budget = len(specs)
         for library in self.peers:
