@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,76 @@ def test_a_pinned_shard_is_never_evicted(
     pin_b.release()
     with pytest.raises(ConfigError, match="smaller than one shard"):
         ShardCache(tmp_path / "small", limit=100).fetch(store, *a)
+
+
+def _locked(path: Path) -> bool:
+    """Whether another open file holds a lock on ``path`` (tried exclusive, non-blocking)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _forked(child) -> tuple[int, int]:
+    """Run ``child()`` in a forked child, which then waits on a pipe; returns once it ran, with
+    the pid and the pipe's write end (closing it lets the child exit)."""
+    r, w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            signal.alarm(CHILD_LIMIT_S)  # a hard limit, whatever the parent does
+            os.close(w)
+            child()
+            os.write(done_w, b"1")
+            os.read(r, 1)
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.close(done_w)
+    try:
+        assert os.read(done_r, 1) == b"1"
+    finally:
+        os.close(done_r)
+    return pid, w
+
+
+CHILD_LIMIT_S = 20
+
+
+def _end(pid: int, w: int) -> None:
+    os.close(w)
+    os.waitpid(pid, 0)
+
+
+def test_locks_are_released_though_a_forked_child_holds_a_copy_of_their_fd(
+    tmp_path: Path,
+) -> None:
+    lock = tmp_path / "x.lock"
+    with _cache._flock(lock, fcntl.LOCK_EX):
+        pid, w = _forked(lambda: None)  # forked mid-download: it inherits the lock's fd
+    try:
+        assert not _locked(lock)  # the parent's release did not wait for the child's copy
+    finally:
+        _end(pid, w)
+
+
+def test_a_forked_childs_release_of_an_inherited_pin_leaves_the_parents(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path / "cache")
+    data = b"s" * 100
+    digest = hashlib.sha256(data).hexdigest()
+    cache._setup()
+    cache.path(digest).write_bytes(data)
+    pin = cache.pin(digest, len(data))
+    assert pin is not None
+    pid, w = _forked(pin.release)  # a worker dropping the maps it inherited
+    try:
+        assert _locked(pin.path)  # still pinned against eviction for the parent
+        pin.release()
+        assert not _locked(pin.path)
+    finally:
+        _end(pid, w)

@@ -14,8 +14,8 @@ from _proxy import FaultProxy
 from store_helpers import S3, SHARD_SIZE, point_at
 
 import stoker
-from stoker.shards import CorruptShardError, ShardDataset, pack
-from stoker.store import _retry
+from stoker.shards import CorruptShardError, ShardDataset, ShardError, pack
+from stoker.store import _client, _retry
 
 #: Hard limit on the child that watches a server die (its retries stop after RETRY_S).
 CHILD_LIMIT_S = 60
@@ -69,7 +69,7 @@ import logging, os, sys, time
 sys.path.insert(0, {here!r})
 from moto.server import ThreadedMotoServer
 from store_helpers import SHARD_SIZE, free_port
-from stoker.store import _retry
+from stoker.store import _client, _retry
 import stoker
 from stoker.shards import ShardDataset, pack
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -113,3 +113,66 @@ def test_a_server_that_dies_gives_a_clear_error_in_bounded_time(tmp_path: Path) 
     assert re.search(r"\d+ attempts? in [\d.]+ s", line), line
     assert "testing-secret-key" not in done.stdout + done.stderr
     assert time.monotonic() - start < CHILD_LIMIT_S
+
+
+def test_a_shard_comes_in_ranged_parts_each_retried_alone(
+    s3_server: S3, bucket: str, samples_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, fast_retries: None,
+) -> None:  # fmt: skip
+    index = pack(samples_dir, f"s3://{bucket}/ds", shard_size=SHARD_SIZE)
+    monkeypatch.setattr(_client, "PART_BYTES", 4000)
+    shard = index.shards[0]
+    parts = -(-shard.size // 4000)
+    assert parts >= 3
+    with FaultProxy(s3_server.port, fail_every=4) as proxy:
+        point_at(monkeypatch, proxy.port)
+        ds = ShardDataset(f"s3://{bucket}/ds", cache_dir=tmp_path / "cache")
+        got = [ds[i] for i in range(shard.samples)]
+        # One GET per part, and one more per failed GET (none fetches the whole object again).
+        assert parts <= proxy.gets(f"ds/{shard.name}") < 2 * parts
+        assert proxy.failed >= 1
+    for i, sample in enumerate(got):
+        stem = sample["__key__"]
+        assert sample["bin"] == (samples_dir / f"{stem}.bin").read_bytes(), i
+
+
+@pytest.mark.parametrize("change", ["shorter", "longer"])
+def test_an_object_of_another_size_than_its_index_says_is_named(
+    s3_server: S3, bucket: str, samples_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, change: str,
+) -> None:  # fmt: skip
+    index = pack(samples_dir, f"s3://{bucket}/ds", shard_size=SHARD_SIZE)
+    monkeypatch.setattr(_client, "PART_BYTES", 4000)
+    bad = index.shards[0]
+    client = s3_server.client()
+    body = client.get_object(Bucket=bucket, Key=f"ds/{bad.name}")["Body"].read()
+    # Shorter by more than a part: a middle part's range starts past the object's end.
+    body = body[: bad.size - 9000] if change == "shorter" else body + b"\0" * 512
+    client.put_object(Bucket=bucket, Key=f"ds/{bad.name}", Body=body)
+    point_at(monkeypatch, s3_server.port)
+    ds = ShardDataset(f"s3://{bucket}/ds", cache_dir=tmp_path / "cache")
+    with pytest.raises(CorruptShardError) as info:
+        ds[0]
+    assert bad.name in str(info.value) and str(bad.size) in str(info.value)
+    assert not list((tmp_path / "cache" / "objects").glob(".*.tmp"))  # nothing half-written
+
+
+def test_an_index_over_its_limit_is_refused_in_one_request(
+    s3_server: S3, bucket: str, samples_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    index = pack(samples_dir, f"s3://{bucket}/ds", shard_size=SHARD_SIZE)
+    assert index.shards
+    size = len(s3_server.client().get_object(Bucket=bucket, Key="ds/index.json")["Body"].read())
+    monkeypatch.setattr("stoker.shards._remote.MAX_INDEX_BYTES", size - 1)
+    with FaultProxy(s3_server.port) as proxy:
+        point_at(monkeypatch, proxy.port)
+        with pytest.raises(ShardError, match=f"more than the {size - 1} bytes allowed"):
+            ShardDataset(f"s3://{bucket}/ds", cache_dir=tmp_path / "cache")
+        assert proxy.gets("ds/index.json") == 1
+        assert not [p for m, p in proxy.requests if m == "HEAD" and "index.json" in p]
+    monkeypatch.setattr("stoker.shards._remote.MAX_INDEX_BYTES", size)
+    point_at(monkeypatch, s3_server.port)
+    assert len(ShardDataset(f"s3://{bucket}/ds", cache_dir=tmp_path / "cache")) == len(
+        [k for s in index.shards for k in s.keys]
+    )

@@ -135,7 +135,7 @@ def index_store(url: StoreURL) -> ShardIndex:
         for name in names:
             local = Path(staging) / name
             size = pack.store.size(name)
-            with open(local, "wb") as out:
+            with open(local, "w+b") as out:
                 pack.store.download(name, out, size)
             infos.append(describe_shard(local))
             local.unlink()

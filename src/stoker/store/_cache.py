@@ -26,7 +26,7 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.errors import ConfigError
@@ -98,7 +98,11 @@ def _flock(path: Path, mode: int) -> Iterator[int]:
         fcntl.flock(fd, mode)
         yield fd
     finally:
-        os.close(fd)  # releases the lock
+        # Unlocked before the close: a child forked meanwhile holds a copy of the fd, and the
+        # lock would last until it closed that too (the lock is the open file's, not the fd's).
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _try_flock(path: Path, mode: int) -> int | None:
@@ -122,14 +126,22 @@ class Pin:
     Attributes:
         path: the cached file.
         fd: the open descriptor holding the lock (``-1`` once released).
+        pid: the process that took it.
     """
 
     path: Path
     fd: int
+    pid: int = field(default_factory=os.getpid)
 
     def release(self) -> None:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
+            # Unlocked by its own process only: a child forked meanwhile shares the lock
+            # through its copy of the fd (its release must not unpin the parent's map), and
+            # the parent's must not wait for the child to close that copy.
+            if self.pid == os.getpid():
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
 
@@ -236,7 +248,7 @@ class ShardCache:
         if not self._reserve(size, lambda: _create_sized(tmp, size), wait):
             return False
         try:
-            with open(os.open(tmp, os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC), "wb") as out:
+            with open(os.open(tmp, os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC), "r+b") as out:
                 digest = store.download(name, out, size)
             if digest != sha256:
                 raise ObjectMismatchError(
