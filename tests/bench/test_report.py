@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -13,7 +14,7 @@ from stoker.bench._json import SCHEMA, from_json, read_json, to_json, write_json
 from stoker.bench._report import render, verdict
 from stoker.errors import ConfigError
 
-from ._factories import result, workload
+from ._factories import contender, result, workload
 
 
 def test_json_round_trip_preserves_every_measurement(tmp_path: Path) -> None:
@@ -220,3 +221,27 @@ def test_table_plot_and_roles_line_use_the_same_words() -> None:
         assert f"{words} = " in ROLES_EXPLAINED  # explained in the one roles line
         assert words in text  # and the table's role column says it
     assert "seed-recommended" not in " ".join(legend for _, legend, _ in _SERIES)
+
+
+def test_a_cold_and_warm_workload_compares_each_state_with_the_same_state() -> None:
+    def state(name: str, library: str, cache: str, rate: float, first_s: float):
+        c = contender(name, library, ("stoker",) if name == "stoker cold" else (), rate,
+                      rate, nw=2, first_batch_s=first_s)  # fmt: skip
+        return dataclasses.replace(c, config={**c.config, "cache": cache})
+
+    w = dataclasses.replace(
+        workload(name="remote", mode="epochs"),
+        ideal=None,
+        contenders=(
+            state("stoker cold", "stoker", "cold", 200.0, 1.5),
+            state("stoker warm", "stoker", "warm", 300.0, 0.8),
+            state("webdataset cold", "webdataset", "cold", 100.0, 2.0),
+            state("webdataset warm", "webdataset", "warm", 400.0, 0.5),
+        ),
+    )
+    assert verdict(w).split("; ") == [
+        "cold: stoker cold 2.00x faster than webdataset cold",
+        "cold first batch 1,500 ms vs 2,000 ms (webdataset cold)",
+        "warm: stoker warm 1.33x slower than webdataset warm",
+        "warm first batch 800 ms vs 500 ms (webdataset warm)",
+    ]

@@ -142,6 +142,33 @@ def _epochs_part(w: WorkloadResult) -> str | None:
     return text
 
 
+CACHE_STATES = ("cold", "warm")
+
+
+def _cache_parts(w: WorkloadResult) -> list[str] | None:
+    """For a workload run with a cold and a warm cache (``remote``): stoker against each peer
+    in the same state, in samples/s and first batch (None: not such a workload)."""
+    if not any(c.config.get("cache") in CACHE_STATES for c in w.contenders):
+        return None
+    parts: list[str] = []
+    for state in CACHE_STATES:
+        same = [c for c in w.contenders if c.ok and c.config.get("cache") == state]
+        mine = next((c for c in same if c.library == "stoker"), None)
+        if mine is None:
+            continue
+        for peer in (c for c in same if c.library != "stoker"):
+            said = compare(mine, peer, peer.name)
+            if said:
+                parts.append(f"{state}: {mine.name} {said}")
+            ours, theirs = mine.first_batch_s, peer.first_batch_s
+            if ours is not None and theirs is not None:
+                parts.append(
+                    f"{state} first batch {1000 * ours:,.0f} ms vs {1000 * theirs:,.0f} ms "
+                    f"({peer.name})"
+                )
+    return parts
+
+
 def verdict(w: WorkloadResult) -> str:
     """One line saying how stoker did on workload ``w`` (see the module docstring)."""
     if w.error:
@@ -153,7 +180,8 @@ def verdict(w: WorkloadResult) -> str:
     if lead is None:
         return f"stoker failed: {next((c.error for c in mine if c.error), 'no runs')}"
     parts = [p for t in w.train for p in _train_parts(t)]
-    parts += _loader_parts(w, lead)
+    cached = _cache_parts(w)
+    parts += _loader_parts(w, lead) if cached is None else cached
     if w.ramps:
         parts.append("auto ramp " + ", ".join(_ramp_text(r) for r in w.ramps))
     parts += [p for p in (_watch_part(w), _memory_part(w), _epochs_part(w)) if p]
