@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from store_helpers import S3, SAMPLES, SHARD_SIZE
 
 import stoker
-from stoker.shards import IncompleteShardsError, ShardDataset, ShardError, pack
+from stoker.shards import IncompleteShardsError, ShardDataset, ShardError, _stream, pack
 from stoker.shards._index import read_index
 from stoker.store import ShardCache, StoreURLError
 
@@ -218,3 +219,37 @@ def test_each_rank_downloads_only_the_shards_it_reads(
             assert fetched == read[rank]
             proxy.requests.clear()
     assert read[0] | read[1] == {s.name for s in index.shards}
+
+
+def test_a_stream_starts_on_its_first_shards_where_it_is_made(
+    s3_server: S3, bucket: str, samples_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _proxy import FaultProxy
+    from store_helpers import point_at
+
+    index = pack(samples_dir, f"s3://{bucket}/ds", shard_size=SHARD_SIZE)
+    assert len(index.shards) > _stream.EARLY_SHARDS
+    with FaultProxy(s3_server.port) as proxy:
+        point_at(monkeypatch, proxy.port)
+        ds = ShardDataset(f"s3://{bucket}/ds", cache_dir=tmp_path / "cache")
+        stream = ds.stream(seed=5)  # no iteration yet: the downloads start now
+        first = stream._order(0)[: _stream.EARLY_SHARDS]
+        names = [index.shards[k].name for k in first]
+        for _ in range(int(EARLY_WAIT_S / EARLY_POLL_S)):
+            if all(proxy.gets(f"ds/{n}") for n in names):
+                break
+            time.sleep(EARLY_POLL_S)
+        fetched = {s.name for s in index.shards if proxy.gets(f"ds/{s.name}")}
+        assert fetched == set(names), (fetched, names)
+        keys = [k for b in stoker.DataLoader(stream, batch_size=8, num_workers=2)
+                for k in b["__key__"]]  # fmt: skip
+        assert sorted(keys) == sorted(k for s in index.shards for k in s.keys)
+        # Each shard once on this machine: the workers found the early ones in the cache.
+        assert [proxy.gets(f"ds/{s.name}") for s in index.shards] == [1] * len(index.shards)
+        stream.set_epoch(1)  # the next epoch's first shards: already cached, none fetched
+        ds.close()
+        assert [proxy.gets(f"ds/{s.name}") for s in index.shards] == [1] * len(index.shards)
+
+
+EARLY_WAIT_S = 10.0
+EARLY_POLL_S = 0.02

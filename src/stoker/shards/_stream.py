@@ -16,6 +16,7 @@ so each rank runs the same number of steps: unequal step counts hang DDP at the 
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import accumulate
@@ -55,6 +56,11 @@ Span = tuple[int, int, int]  # (shard, start, stop): local sample indices of one
 # while it yields (two samples in for each out). Waiting for a full buffer of 1,000 held a
 # cold remote epoch's first batch until each worker had downloaded its whole share.
 FIRST_YIELD_SAMPLES = 100
+# Shards a remote dataset starts downloading in the process that made the stream, as soon as
+# it is made and at each set_epoch there: the epoch's first shards in its order, which are the
+# first ones its workers read (the deal gives them out in order, one per worker first), so the
+# downloads run while workers start and build their own clients.
+EARLY_SHARDS = 4
 
 
 def assign_spans(sizes: list[int], order: list[int], workers: int) -> list[list[Span]]:
@@ -166,6 +172,8 @@ class ShardStream(tud.IterableDataset[Any]):
         self._epoch: int | None = None
         self._iterations = 0
         self._sent_world: World | None = None
+        self._maker = os.getpid()
+        self._start_early(0)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled in the main process for spawn workers, which may not see its process group
@@ -177,6 +185,25 @@ class ShardStream(tud.IterableDataset[Any]):
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch that seeds the next iteration's order."""
         self._epoch = epoch
+        if os.getpid() == self._maker:  # not in a worker: each plans its own shards
+            self._start_early(epoch)
+
+    def _start_early(self, epoch: int) -> None:
+        """Start on the epoch's first shards (see :data:`EARLY_SHARDS`; a no-op locally)."""
+        world = self.current_world()
+        if world.distributed:  # this rank's run of samples starts elsewhere in the order
+            first = [shard for shard, _, _ in self._spans(epoch, 0, 1, world)[:EARLY_SHARDS]]
+        else:
+            first = self._order(epoch)[:EARLY_SHARDS]
+        if first:
+            self.dataset.plan(first)
+
+    def _order(self, epoch: int) -> list[int]:
+        """The epoch's shard order."""
+        count = len(self.dataset.shard_sizes)
+        if not self.shuffle:
+            return list(range(count))
+        return [int(i) for i in np.random.default_rng([self.seed, epoch]).permutation(count)]
 
     def current_world(self) -> World:
         """The ranks this stream splits over: ``world`` if given, else this process's."""
@@ -193,11 +220,7 @@ class ShardStream(tud.IterableDataset[Any]):
 
     def _spans(self, epoch: int, worker: int, workers: int, world: World) -> list[Span]:
         sizes = list(self.dataset.shard_sizes)
-        order = list(range(len(sizes)))
-        if self.shuffle:
-            order = [
-                int(i) for i in np.random.default_rng([self.seed, epoch]).permutation(len(sizes))
-            ]
+        order = self._order(epoch)
         if not world.distributed:
             return assign_spans(sizes, order, workers)[worker]
         # Equal contiguous ranges per worker: the same counts on every rank, so the same steps.
