@@ -125,7 +125,15 @@ def _search_grid(
     for spec in plan.grid():
         try:
             run = timed_run(
-                spec, dataset, workload, plan, seed=0, run_s=plan.grid_run_s, ideal=ideal, rounds=1
+                spec,
+                dataset,
+                workload,
+                plan,
+                seed=0,
+                run_s=plan.grid_run_s,
+                ideal=ideal,
+                rounds=1,
+                warm_up=plan.grid_warm_up,
             )
             point = GridPoint(
                 spec.num_workers, spec.prefetch_factor, run.samples_per_s, library=spec.library

@@ -41,6 +41,10 @@ class Plan:
         ideal_s: seconds of single-process measurement for the ideal.
         grid_workers: torch ``num_workers`` values the grid tries.
         grid_prefetch: torch ``prefetch_factor`` values the grid tries.
+        grid_warm_up: warm each grid run's loader up with an epoch before timing it; ``False``
+            (quick mode): the timed epoch is its first, timed from its first batch on (a
+            warm-up costs each point a loader start, 0.4 s on jpeg, where the grid only picks
+            a configuration that the timed runs then warm up).
         prefetch_everywhere: try every ``grid_prefetch`` at every worker count; ``False``
             (quick mode): the first everywhere, the others only at ``stoker_workers`` (the
             same-workers row takes torch's better one there).
@@ -96,6 +100,7 @@ class Plan:
     references: bool = True
     train_roles: frozenset[str] | None = None
     prefetch_everywhere: bool = True
+    grid_warm_up: bool = True
 
     def __post_init__(self) -> None:
         if self.repeats < 1:

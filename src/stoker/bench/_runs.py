@@ -166,21 +166,25 @@ def open_run(
     run_s: float,
     ideal: Ideal,
     rounds: int = 2,
+    warm_up: bool = True,
 ) -> Iterator[OpenRun]:
     """Build ``spec``'s loader, warm it up (``steady`` mode), yield it, then shut it down.
 
     A time-bounded run lasts ``run_s`` and at least ``rounds`` batches per worker (whole
-    rounds, so that the last round is not half empty).
+    rounds, so that the last round is not half empty). Without ``warm_up`` the run is the
+    loader's first epoch (its fill then includes starting the workers).
     """
     baseline = TreeMeter.children_now()
     samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal)
+    if not warm_up:
+        warmup = None
     sampler = None
     if not isinstance(dataset, tud.IterableDataset):
         sampler = SeededSampler(len(dataset), workload.samples_per_run or samples, seed, warmup)
     loader = build_loader(spec, dataset, workload.batch_size, sampler, plan.multiprocessing_context)
     time_bound = run_s if workload.samples_per_run is None else None
     try:
-        if workload.mode == "steady":
+        if workload.mode == "steady" and warm_up:
             # Iterable datasets warm up by time, as does num_workers="auto" (it settles).
             warm_s = plan.auto_settle_s if spec.auto else None
             if sampler is None:
@@ -204,15 +208,25 @@ def timed_run(
     run_s: float,
     ideal: Ideal,
     rounds: int = 2,
+    warm_up: bool = True,
 ) -> RunSample:
-    """Build, warm up, time one run (or ``workload.epochs`` epochs), shut down.
+    """Build, warm up (unless told not to), time one run (or ``workload.epochs`` epochs), shut
+    down.
 
     A time-bounded ``steady`` run is timed after the epoch's first ``plan.fill_s`` seconds
     (the pipeline's fill; the first batch's latency is measured from ``iter()``).
     """
     baseline = TreeMeter.children_now()
     with open_run(
-        spec, dataset, workload, plan, seed=seed, run_s=run_s, ideal=ideal, rounds=rounds
+        spec,
+        dataset,
+        workload,
+        plan,
+        seed=seed,
+        run_s=run_s,
+        ideal=ideal,
+        rounds=rounds,
+        warm_up=warm_up,
     ) as run:
         epochs = workload.epochs if workload.mode == "epochs" else 1
         firsts: list[float] = []
