@@ -206,3 +206,38 @@ def test_a_forked_child_neither_waits_on_nor_frees_an_inherited_stages_copies():
     assert report == "0 0"  # nothing waited on, no event freed
     stage.close()  # in the process that made it: every copy in flight is waited on
     assert len(waited) == 3
+
+
+def test_a_forked_child_never_collects_garbage_it_inherited_once_stages_were_made():
+    # A cycle holding a CUDA object (here its stand-in), garbage in the parent but not yet
+    # collected when a loader forks: collecting it in the child would free it there.
+    DeviceStage(_Source(2).pull, lambda host: (host, None), lambda h: h[0], lambda h: True, None)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1_000_000)  # no automatic collection before the fork; still enabled
+    try:
+        cycle: list[object] = [_Event()]
+        cycle.append(cycle)
+        del cycle
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it did, never return into pytest
+            code = 1
+            try:
+                _Event.freed = 0
+                gc.collect()
+                os.write(write, f"{_Event.freed} {int(gc.isenabled())}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        assert gc.isenabled()  # the parent's collector runs again after the fork
+        with os.fdopen(read) as pipe:
+            report = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        gc.set_threshold(*thresholds)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report == "0 1"  # nothing freed there, and its collector on for its own objects
+    _Event.freed = 0
+    gc.collect()
+    assert _Event.freed >= 1  # the parent collects it as usual

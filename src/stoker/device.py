@@ -15,6 +15,7 @@ staged through ``Tensor.pin_memory()`` and ``loader.stats().notes`` says so.
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import warnings
 import weakref
@@ -45,11 +46,41 @@ _LIVE_STAGES: weakref.WeakSet[DeviceStage] = weakref.WeakSet()
 _KEPT_IN_CHILD: list[DeviceStage] = []
 
 
-def _keep_stages_in_child() -> None:
+# Whether this process made a stage (CUDA objects of stoker's may then be garbage in reference
+# cycles), and whether the collector was paused for the fork under way.
+_made_stages = False
+_paused_for_fork = False
+
+
+def _pause_collector() -> None:
+    """Before a fork: no automatic collection between the fork and the child's handlers.
+
+    A child's first collection (threading's own after-fork handler triggered one) freed
+    inherited garbage holding CUDA tensors and events: their destructors call CUDA, which
+    aborts a forked child (H200, torch's DataLoader forking after a device="cuda" epoch)."""
+    global _paused_for_fork
+    _paused_for_fork = _made_stages and gc.isenabled()
+    if _paused_for_fork:
+        gc.disable()
+
+
+def _resume_collector() -> None:
+    if _paused_for_fork:
+        gc.enable()
+
+
+def _keep_cuda_objects_in_child() -> None:
     _KEPT_IN_CHILD.extend(_LIVE_STAGES)
+    if _paused_for_fork:
+        gc.freeze()  # what the child inherited is never collected there, garbage included
+        gc.enable()
 
 
-os.register_at_fork(after_in_child=_keep_stages_in_child)
+os.register_at_fork(
+    before=_pause_collector,
+    after_in_parent=_resume_collector,
+    after_in_child=_keep_cuda_objects_in_child,
+)
 
 
 def resolve_device(device: Any) -> torch.device | None:
@@ -136,6 +167,8 @@ class DeviceStage:
         self._ended = False
         self._pid = os.getpid()
         _LIVE_STAGES.add(self)
+        global _made_stages
+        _made_stages = True
 
     @property
     def in_flight(self) -> list[int]:

@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from stoker.bench import Plan, Workload, make_plan, run
+from stoker.bench import Plan, Workload, _runs, make_plan, run
+from stoker.bench._contenders import ContenderSpec
 from stoker.bench._harness import SeededSampler, bench_workload, measure_ideal
+from stoker.bench._measure import TreeMeter
 from stoker.bench._stats import Ideal
 from stoker.errors import ConfigError
 
@@ -363,3 +365,33 @@ def test_quick_train_family_is_fed_by_the_torch_row_the_loader_table_stars() -> 
     torch_rows = [c.name for c in table.contenders if c.name.startswith("torch")]
     assert torch_rows == [starred.name]
     assert [c.name for c in table.contenders if c.name.startswith("stoker")] == ["stoker auto"]
+
+
+class Stalls(Dataset[torch.Tensor]):
+    """Sample 0 loads; every other one blocks for a minute (a worker that will never answer)."""
+
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        if idx:
+            time.sleep(60)
+        return torch.zeros(2)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_run_that_hangs_is_abandoned_in_bounded_time_leaving_no_process(
+    workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_runs, "RUN_LIMIT_S", 1.0)
+    monkeypatch.setattr(_runs, "CLOSE_LIMIT_S", 1.0)
+    monkeypatch.setattr(_runs, "CHILD_EXIT_S", 0.5)
+    workload = _workload(make_dataset=lambda quick: Stalls(), batch_size=1)
+    spec = ContenderSpec("torch", workers, 2 if workers else None, bool(workers))
+    ideal = Ideal(cores=2, cpu_s_per_sample=0.001, wall_s_per_sample=0.001, samples=10, note="")
+    before = TreeMeter.children_now()
+    t0 = time.monotonic()
+    with pytest.raises(_runs.RunHung, match="did not end within 1 s"):
+        _runs.timed_run(spec, Stalls(), workload, _tiny_plan(), seed=1, run_s=0.2, ideal=ideal)
+    assert time.monotonic() - t0 < 15
+    assert TreeMeter.children_now() - before == set()

@@ -11,6 +11,9 @@ A timed loader run iterates ``iter(loader)`` and passes every batch to
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -29,6 +32,7 @@ from stoker.bench._workloads import Workload
 
 __all__ = [
     "OpenRun",
+    "RunHung",
     "alternate",
     "describe",
     "iterate",
@@ -40,6 +44,11 @@ __all__ = [
 # Seconds a child process may take to exit after its loader is closed.
 CHILD_EXIT_S = 5.0
 CHILD_POLL_S = 0.02
+# Seconds a run (build, warm-up, timing) may last, and its shutdown after, before it is taken
+# for hung: a torchdata.nodes worker that died of 'double free or corruption' (2026-11-26,
+# tiny's grid) left its loader waiting on a queue forever, and the whole bench with it.
+RUN_LIMIT_S = 300.0
+CLOSE_LIMIT_S = 30.0
 # A time-bounded run's sampler holds this many times the samples the ideal rate would
 # deliver in the run time (the run stops at the time limit long before it runs out).
 RUN_SAMPLES_HEADROOM = 10
@@ -87,11 +96,45 @@ def alternate(
     return runs, errors
 
 
-def wait_children_exit(baseline: set[int]) -> None:
-    """Wait (up to :data:`CHILD_EXIT_S`) until no child beyond ``baseline`` is alive."""
+def wait_children_exit(baseline: set[int], kill: bool = False) -> None:
+    """Wait (up to :data:`CHILD_EXIT_S`) until no child beyond ``baseline`` is alive; with
+    ``kill``, then kill those left (a hung loader's workers)."""
     deadline = time.monotonic() + CHILD_EXIT_S
     while TreeMeter.children_now() - baseline and time.monotonic() < deadline:
         time.sleep(CHILD_POLL_S)
+    if kill:
+        for pid in TreeMeter.children_now() - baseline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone already
+                pass
+
+
+class RunHung(RuntimeError):
+    """A run outlasted its limit (see :data:`RUN_LIMIT_S`)."""
+
+
+@contextmanager
+def time_limit(seconds: float, what: str) -> Iterator[None]:
+    """Raise :class:`RunHung` in this (main) thread if the block lasts over ``seconds``: a
+    loader waiting on a dead worker blocks in a lock, which a signal interrupts. Elsewhere
+    (another thread, no ``setitimer``) the block runs unbounded."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise RunHung(f"{what} did not end within {seconds:.0f} s: the loader hung")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def iterate(
@@ -183,19 +226,28 @@ def open_run(
         sampler = SeededSampler(len(dataset), workload.samples_per_run or samples, seed, warmup)
     loader = build_loader(spec, dataset, workload.batch_size, sampler, plan.multiprocessing_context)
     time_bound = run_s if workload.samples_per_run is None else None
+    hung = False
     try:
-        if workload.mode == "steady" and warm_up:
-            # Iterable datasets warm up by time, as does num_workers="auto" (it settles).
-            warm_s = plan.auto_settle_s if spec.auto else None
-            if sampler is None:
-                warm_s = max(warm_s or 0.0, plan.warmup_s)
-            iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter())
-        yield OpenRun(loader, rounds * max(1, spec.num_workers), time_bound)
+        with time_limit(RUN_LIMIT_S, f"a run of {spec.name}"):
+            if workload.mode == "steady" and warm_up:
+                # Iterable datasets warm up by time, as does num_workers="auto" (it settles).
+                warm_s = plan.auto_settle_s if spec.auto else None
+                if sampler is None:
+                    warm_s = max(warm_s or 0.0, plan.warmup_s)
+                iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter())
+            yield OpenRun(loader, rounds * max(1, spec.num_workers), time_bound)
+    except RunHung:
+        hung = True
+        raise
     finally:
-        close_loader(loader)
+        try:
+            with time_limit(CLOSE_LIMIT_S, f"shutting down {spec.name}"):
+                close_loader(loader)
+        except RunHung:
+            hung = True  # its workers are killed below
         del loader
         gc.collect()
-        wait_children_exit(baseline)
+        wait_children_exit(baseline, kill=hung)
 
 
 def timed_run(
