@@ -156,3 +156,30 @@ def test_the_steps_do_their_work_on_a_batch() -> None:
     assert isinstance(make_step("cpu"), CpuStep)
     with pytest.raises(ValueError, match="unknown step shape 'tpu'"):
         make_step("tpu")
+
+
+def test_a_training_runs_loader_settles_beside_the_step_it_feeds() -> None:
+    # num_workers="auto" warms up (and picks its backend) during the warm-up: with the step
+    # running, as in training, not beside an idle loop.
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from stoker.bench._contenders import ContenderSpec
+    from stoker.bench._plan import Plan
+    from stoker.bench._runs import open_run
+    from stoker.bench._stats import Ideal
+    from stoker.bench._workloads import Workload
+
+    data = TensorDataset(torch.arange(512, dtype=torch.float32))
+    w = Workload(name="w", description="d", make_dataset=lambda quick: data, batch_size=8)
+    plan = Plan(
+        repeats=1, run_s=0.05, warmup_s=0.05, grid_run_s=0.05, ideal_s=0.05,
+        grid_workers=(0,), grid_prefetch=(2,), grid_note="", stoker_workers=0, cores=2,
+        auto_settle_s=0.05,
+    )  # fmt: skip
+    ideal = Ideal(cores=2, cpu_s_per_sample=1e-4, wall_s_per_sample=1e-4, samples=10, note="")
+    stepped: list[int] = []
+    spec = ContenderSpec("torch", 0)
+    with open_run(spec, data, w, plan, seed=1, run_s=0.05, ideal=ideal, step=stepped.append):
+        warmed = len(stepped)
+    assert warmed >= 1  # the warm-up batches went through the step

@@ -138,11 +138,17 @@ def time_limit(seconds: float, what: str) -> Iterator[None]:
 
 
 def iterate(
-    loader: Iterable[Any], *, min_batches: int, seconds: float | None, t0: float
+    loader: Iterable[Any],
+    *,
+    min_batches: int,
+    seconds: float | None,
+    t0: float,
+    step: Callable[[Any], object] | None = None,
 ) -> tuple[int, int, float, float]:
     """Consume batches; return (samples, batches, first_batch_s, seconds to the last one).
 
     ``loader`` may be an epoch's iterator: the iteration then goes on where it stands.
+    ``step``, if given, runs on each batch after it is consumed (a training step).
     """
     samples = batches = 0
     first = last = 0.0
@@ -150,6 +156,8 @@ def iterate(
     try:
         for batch in it:
             samples += consume(batch)
+            if step is not None:
+                step(batch)
             del batch
             batches += 1
             last = time.perf_counter() - t0
@@ -210,12 +218,15 @@ def open_run(
     ideal: Ideal,
     rounds: int = 2,
     warm_up: bool = True,
+    step: Callable[[Any], object] | None = None,
 ) -> Iterator[OpenRun]:
     """Build ``spec``'s loader, warm it up (``steady`` mode), yield it, then shut it down.
 
     A time-bounded run lasts ``run_s`` and at least ``rounds`` batches per worker (whole
     rounds, so that the last round is not half empty). Without ``warm_up`` the run is the
-    loader's first epoch (its fill then includes starting the workers).
+    loader's first epoch (its fill then includes starting the workers). ``step`` runs on
+    each warm-up batch: a training run's loader settles (``num_workers="auto"`` picks its
+    workers and backend) beside the step it will feed, not beside an idle loop.
     """
     baseline = TreeMeter.children_now()
     samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal)
@@ -234,7 +245,7 @@ def open_run(
                 warm_s = plan.auto_settle_s if spec.auto else None
                 if sampler is None:
                     warm_s = max(warm_s or 0.0, plan.warmup_s)
-                iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter())
+                iterate(loader, min_batches=1, seconds=warm_s, t0=time.perf_counter(), step=step)
             yield OpenRun(loader, rounds * max(1, spec.num_workers), time_bound)
     except RunHung:
         hung = True

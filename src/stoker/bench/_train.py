@@ -180,7 +180,7 @@ def _train_run(
     ideal: Ideal,
 ) -> TrainSample:
     with open_run(
-        spec, dataset, workload, plan, seed=seed, run_s=plan.train_run_s, ideal=ideal
+        spec, dataset, workload, plan, seed=seed, run_s=plan.train_run_s, ideal=ideal, step=step
     ) as run:
         it = iter(run.loader)
         try:
