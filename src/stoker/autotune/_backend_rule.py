@@ -68,10 +68,11 @@ TAIL_WINDOW_S = 0.15
 # in this many may go unseen, as it may in a pass of expensive samples).
 EARLY_SAMPLES = 128
 # A batch that loads in less than this is cheaper to load in the main process than to receive
-# from a worker: receiving took the main process 0.65 ms of wall time per batch where loading
-# took 0.44 ms (tiny, 2 cores; workers also took cores from a CPU training step: 109 against
-# 145 steps/s; benchmarks/README.md).
-INLINE_BATCH_S = 0.6e-3
+# from a worker (receiving costs the main process a few tenths of a millisecond of CPU). 0.6 ms
+# was tried (tiny's 0.44 ms batches then loaded inline): quick runs read auto's GPU-like step
+# 1.12-1.17x slower than torch's without workers, against 0.98-1.00x at 0.3 ms
+# (benchmarks/README.md); kept at 0.3 ms.
+INLINE_BATCH_S = 0.3e-3
 # Private bytes per sample read above which forked workers are said to copy the dataset
 # (a Python object read in a random order dirties about one 4 KiB page).
 COW_BYTES_PER_SAMPLE = 1024
