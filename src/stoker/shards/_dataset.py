@@ -184,6 +184,13 @@ class ShardDataset(tud.Dataset[Any]):
         if self.remote is not None:
             self.remote.plan(shards)
 
+    def start_early(self, shards: list[int]) -> None:
+        """Start downloading an epoch's first shards in this process, before any worker reads
+        (a remote dataset whose cache has no budget; a no-op otherwise: with a budget the
+        workers' own prefetch, which stays within it, does this)."""
+        if self.remote is not None and self.remote.cache.limit is None:
+            self.remote.plan(shards)
+
     def __getitem__(self, index: int) -> Any:
         return self.finish(self.raw(index))
 

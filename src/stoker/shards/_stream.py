@@ -45,6 +45,8 @@ class ShardSource(Protocol):
 
     def plan(self, shards: list[int]) -> None: ...
 
+    def start_early(self, shards: list[int]) -> None: ...
+
     def finish(self, sample: dict[str, Any]) -> Any: ...
 
 
@@ -196,7 +198,7 @@ class ShardStream(tud.IterableDataset[Any]):
         else:
             first = self._order(epoch)[:EARLY_SHARDS]
         if first:
-            self.dataset.plan(first)
+            self.dataset.start_early(first)
 
     def _order(self, epoch: int) -> list[int]:
         """The epoch's shard order."""

@@ -228,25 +228,23 @@ class ShardCache:
                     return pin
                 for attempt in (1, 2):
                     try:
-                        if not self._download(store, name, size, sha256, wait):
-                            return None
-                        break
+                        # Pinned from before its rename: another process making room could
+                        # otherwise evict it between the rename and a pin taken after.
+                        return self._download(store, name, size, sha256, wait)
                     except ObjectMismatchError:
                         if attempt == 2:
                             raise
         except BlockingIOError:
             return None  # another process is downloading it
-        pin = self.pin(sha256, size)
-        if pin is None:
-            raise StoreError(f"{store.url.url(name)} was evicted right after its download: "
-                             "raise `cache_limit`.")  # fmt: skip
-        return pin
+        return None  # not reached: the loop returns or raises
 
-    def _download(self, store: Store, name: str, size: int, sha256: str, wait: bool) -> bool:
+    def _download(self, store: Store, name: str, size: int, sha256: str, wait: bool) -> Pin | None:
+        """Download into a temporary file, verify it, pin it and rename it into place;
+        ``None`` when there is no room and ``wait`` is false."""
         final = self.path(sha256)
         tmp = final.with_name(f".{sha256}.{secrets.token_hex(8)}.tmp")
         if not self._reserve(size, lambda: _create_sized(tmp, size), wait):
-            return False
+            return None
         try:
             with open(os.open(tmp, os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC), "r+b") as out:
                 digest = store.download(name, out, size)
@@ -256,8 +254,14 @@ class ShardCache:
                     f"({digest[:12]}... != {sha256[:12]}...)",
                     url=store.url.url(name),
                 )
-            os.replace(tmp, final)
-            return True
+            fd = os.open(tmp, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # the pin: the lock follows the file's rename
+                os.replace(tmp, final)
+            except BaseException:
+                os.close(fd)
+                raise
+            return Pin(final, fd)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
