@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -174,6 +175,25 @@ class _Event:
         _Event.freed += 1
 
 
+def _report_from_fork(child: Callable[[], str]) -> str:
+    """Run ``child()`` in a forked child (which never returns into pytest); its report."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.write(write, child().encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return report
+
+
 def test_a_forked_child_neither_waits_on_nor_frees_an_inherited_stages_copies():
     waited: list[object] = []
     src = _Source(10)
@@ -185,25 +205,18 @@ def test_a_forked_child_neither_waits_on_nor_frees_an_inherited_stages_copies():
         waited.append,
     )
     stage.next()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what it did, never return into pytest
-        code = 1
-        try:
-            _Event.freed = 0
-            stage.close()
-            del stage  # its last reference in the child, as a collection there would drop it
-            gc.collect()
-            os.write(write, f"{len(waited)} {_Event.freed}".encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        report = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert report == "0 0"  # nothing waited on, no event freed
+    held = [stage]
+    del stage
+
+    def child() -> str:
+        _Event.freed = 0
+        held[0].close()
+        held.clear()  # its last reference in the child, as a collection there would drop it
+        gc.collect()
+        return f"{len(waited)} {_Event.freed}"
+
+    assert _report_from_fork(child) == "0 0"  # nothing waited on, no event freed
+    stage = held[0]
     stage.close()  # in the process that made it: every copy in flight is waited on
     assert len(waited) == 3
 
@@ -218,25 +231,16 @@ def test_a_forked_child_never_collects_garbage_it_inherited_once_stages_were_mad
         cycle: list[object] = [_Event()]
         cycle.append(cycle)
         del cycle
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what it did, never return into pytest
-            code = 1
-            try:
-                _Event.freed = 0
-                gc.collect()
-                os.write(write, f"{_Event.freed} {int(gc.isenabled())}".encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
+
+        def child() -> str:
+            _Event.freed = 0
+            gc.collect()
+            return f"{_Event.freed} {int(gc.isenabled())}"
+
+        report = _report_from_fork(child)
         assert gc.isenabled()  # the parent's collector runs again after the fork
-        with os.fdopen(read) as pipe:
-            report = pipe.read()
-        _, status = os.waitpid(pid, 0)
     finally:
         gc.set_threshold(*thresholds)
-    assert os.waitstatus_to_exitcode(status) == 0
     assert report == "0 1"  # nothing freed there, and its collector on for its own objects
     _Event.freed = 0
     gc.collect()

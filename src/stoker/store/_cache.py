@@ -226,17 +226,14 @@ class ShardCache:
                 pin = self.pin(sha256, size)
                 if pin is not None:
                     return pin
-                for attempt in (1, 2):
-                    try:
-                        # Pinned from before its rename: another process making room could
-                        # otherwise evict it between the rename and a pin taken after.
-                        return self._download(store, name, size, sha256, wait)
-                    except ObjectMismatchError:
-                        if attempt == 2:
-                            raise
+                # Pinned from before its rename: another process making room could otherwise
+                # evict it between the rename and a pin taken after.
+                try:
+                    return self._download(store, name, size, sha256, wait)
+                except ObjectMismatchError:
+                    return self._download(store, name, size, sha256, wait)  # once more
         except BlockingIOError:
             return None  # another process is downloading it
-        return None  # not reached: the loop returns or raises
 
     def _download(self, store: Store, name: str, size: int, sha256: str, wait: bool) -> Pin | None:
         """Download into a temporary file, verify it, pin it and rename it into place;
