@@ -112,8 +112,10 @@ class Paths(Dataset):
 @pytest.mark.measures
 @measures_the_machine
 def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
-    backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False)
+    detail: dict[str, object] = {}
+    backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False, detail=detail)
     assert backend == "thread" and "mostly waits" in why
+    assert detail["waits"] is True and detail["loading_waits"] is True, detail
     for ds in (PurePython(), GilFreeCompute()):
         backend, why = choose_backend(ds, default_collate, 4, iterable=False)
         assert backend == "process" and "CPU work" in why, (type(ds).__name__, why)
@@ -124,8 +126,11 @@ def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
 def test_a_heavy_tail_gets_threads_only_when_the_work_runs_in_parallel_in_them():
     # The waits of a few slow samples need more workers than cores: threads, when two of
     # them load nearly twice as fast as one; GIL-bound work needs processes all the same.
-    backend, why = choose_backend(TailedNumpy(), default_collate, 4, iterable=False)
+    detail: dict[str, object] = {}
+    backend, why = choose_backend(TailedNumpy(), default_collate, 4, iterable=False, detail=detail)
     assert backend == "thread" and "slow samples wait" in why, why
+    # The median sample computes: a step computing on the CPU keeps processes (hand_over).
+    assert detail["waits"] is True and detail["loading_waits"] is False, detail
     backend, why = choose_backend(TailedPython(), default_collate, 4, iterable=False)
     assert backend == "process", why
 
@@ -241,3 +246,33 @@ def test_cheap_cpu_samples_end_the_serial_pass_early() -> None:
     assert len(found.walls) == early_samples(size), len(found.walls)
     full = serial_pass(Cheap(), default_collate, size, len(Cheap()), False, 0.05)
     assert len(full.walls) > early_samples(size)
+
+
+class OnePause(Dataset):
+    """Cheap samples, but the 12th read is held up 50 ms (as if another process took the
+    core)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 200  # a full pass reads each once
+
+    def __getitem__(self, i: int) -> int:
+        self.reads += 1
+        if self.reads == 12:
+            import time
+
+            time.sleep(0.05)
+        return i
+
+
+@pytest.mark.measures
+@measures_the_machine
+def test_one_held_up_sample_does_not_pass_for_the_datasets_cost() -> None:
+    # 200 samples of microseconds and one of 50 ms: counted in, a batch of 8 would read 2 ms
+    # (above the inline threshold); the slowest 2% are left out of the batch time.
+    dataset = OnePause()
+    found = serial_pass(dataset, default_collate, 8, len(dataset), False, 1.0, (128, settled))
+    assert max(found.walls) >= 0.05
+    assert found.batch_s < 1e-3, found.batch_s

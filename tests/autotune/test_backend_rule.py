@@ -10,6 +10,8 @@ from stoker.autotune._backend_rule import (
     GIL_FREE,
     INLINE_BATCH_S,
     LOOP_CPU_FREE,
+    STEP_CPU_BOUND,
+    STEP_PARALLEL_CORES,
     TAIL_MAX_THREADS,
     TAIL_PARALLEL_CORES,
     TAIL_WAIT_SHARE,
@@ -110,6 +112,39 @@ def test_a_launch_phase_of_small_ops_keeps_processes_though_the_gil_reads_free()
     # shows the launch phase thread workers would slow.
     threads, why = hand_over([GIL_FREE / 4] * 5, [0.1] * 5)
     assert not threads and "launches ops" in why
+
+
+def test_a_step_computing_on_intra_op_threads_gets_threads_when_samples_mostly_wait() -> None:
+    # The bench's CPU step beside io: its thread busy most of the step, torch's other threads
+    # on another core, the GIL free between long ops.
+    gil, loop = [GIL_FREE / 4] * 5, [0.6] * 5
+    step = (STEP_CPU_BOUND + 0.2, STEP_PARALLEL_CORES + 0.4)
+    threads, why = hand_over(gil, loop, step, loading_waits=True)
+    assert threads and "computes on the CPU" in why and "handing over to threads" in why
+    # Samples that compute (a heavy tail of waits only) would take the GIL from the step.
+    assert not hand_over(gil, loop, step, loading_waits=False)[0]
+
+
+@pytest.mark.parametrize(
+    ("busy", "cores"),
+    [
+        # A GPU loop whose thread spins in a device sync: busy, but no other thread computes.
+        (0.95, 0.0),
+        # A launch phase then a device wait: the thread idle most of the step.
+        (0.1, STEP_PARALLEL_CORES + 0.4),
+        (STEP_CPU_BOUND - 0.01, STEP_PARALLEL_CORES),
+        (STEP_CPU_BOUND, STEP_PARALLEL_CORES - 0.01),
+    ],
+)
+def test_a_step_that_does_not_compute_on_several_cores_keeps_processes(
+    busy: float, cores: float
+) -> None:
+    threads, why = hand_over([GIL_FREE / 4] * 5, [0.2] * 5, (busy, cores), loading_waits=True)
+    assert not threads and "launches ops" in why
+
+
+def test_a_compute_step_without_step_readings_keeps_processes() -> None:
+    assert not hand_over([GIL_FREE / 4] * 5, [0.5] * 5, None, loading_waits=True)[0]
 
 
 def test_without_the_loops_cpu_clock_the_gil_readings_decide_alone() -> None:

@@ -37,3 +37,60 @@ def test_the_loops_cpu_share_reads_a_busy_loop_high_and_a_sleeping_one_low() -> 
     idle, busy = shares[: asleep - 1], shares[asleep + 1 :]
     assert sum(busy) / len(busy) > 5 * (sum(idle) / len(idle) + 0.01), shares
     assert len(shares) == len(meter.readings())
+
+
+def test_shares_split_the_loops_own_time_from_the_time_inside_next() -> None:
+    # Clocks: (wall, loop's own wall, its CPU outside next, its whole CPU, process CPU).
+    before = (10.0, 4.0, 1.0, 1.5, 3.0)
+    # 1 s passed, 0.5 s of it outside next(); the loop's thread ran 0.4 s of CPU there (0.1 s
+    # more inside next), the process 1.0 s: 0.55 s on other threads, 0.05 s the sentinel's.
+    after = (11.0, 4.5, 1.4, 2.0, 4.0)
+    share, own, cpu, others = GilMeter._shares(before, after, mine=0.05)
+    assert share == pytest.approx(0.4)  # of the wall time
+    assert (own, cpu, others) == pytest.approx((0.5, 0.4, 0.45))
+    assert GilMeter._shares(None, after, mine=0.0) == (None, 0.0, 0.0, 0.0)
+
+
+def test_the_step_figures_sum_the_readings_and_need_the_loops_own_time() -> None:
+    meter = GilMeter()
+    meter._readings = [
+        (1.0, 0.0, 0.01, 0.002, 0.0, 0.0),  # the loop mostly waited for data
+        (2.0, 0.0, 0.5, 0.100, 0.080, 0.090),
+        (3.0, 0.0, 0.5, 0.100, 0.070, 0.080),
+    ]
+    busy, cores = meter.step(3) or (None, None)
+    assert busy == pytest.approx(0.150 / 0.202) and cores == pytest.approx(0.170 / 0.202)
+    assert meter.step(1) == pytest.approx((0.7, 0.8))
+    meter._readings = meter._readings[:1]  # 2 ms of the loop's own: too little to read
+    assert meter.step(3) is None
+    assert meter.step(0) is None
+
+
+def test_time_the_caller_counts_as_its_own_is_left_out_of_the_step_figures() -> None:
+    # Everything the loop does is "inside next()": the meter still reads the loop's CPU
+    # share of the wall time, and no step figures.
+    began = time.perf_counter()
+    meter = GilMeter(PERIOD_S, WAKEUPS, own_wall=lambda: time.perf_counter() - began)
+    meter.start()
+    try:
+        _spin(PHASE_S)
+        loop, step = meter.loop_cpu(), meter.step(WAKEUPS)
+    finally:
+        meter.close()
+    assert loop and step is None
+
+
+def test_forget_leaves_out_the_readings_so_far_and_the_one_under_way() -> None:
+    meter = GilMeter(PERIOD_S, WAKEUPS)
+    meter.start()
+    try:
+        time.sleep(3 * PERIOD_S * WAKEUPS)
+        assert meter.readings()
+        meter.forget()
+        assert meter.readings() == [] and meter.loop_cpu() == []
+        time.sleep(4 * PERIOD_S * WAKEUPS)
+        later = meter.readings()
+    finally:
+        meter.close()
+    # The reading under way at forget() is re-based, not kept: at most the rest come in.
+    assert 1 <= len(later) <= 3, later

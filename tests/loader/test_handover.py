@@ -163,6 +163,27 @@ def test_a_loop_that_launches_small_ops_keeps_its_processes(quick: None) -> None
 
 
 @measures_the_machine
+def test_a_step_computing_on_intra_op_threads_hands_over_to_threads(quick: None) -> None:
+    # A CPU training step: matrix products on torch's intra-op threads (they release the GIL
+    # for milliseconds), while the samples mostly wait: thread workers only take the GIL
+    # between waits.
+    if torch.get_num_threads() < 2:
+        pytest.skip("needs torch's intra-op threads on two cores")
+    n = 600
+    loader = stoker.DataLoader(Waiting(n), batch_size=8, num_workers="auto")
+    a = torch.randn(768, 768)
+    seen = []
+    for batch in loader:
+        seen.extend(int(v) for v in batch[:, 0])
+        a @ a  # about 10 ms on two cores
+    assert seen == list(range(n))
+    stats = loader.stats()
+    notes = " | ".join(stats.notes)
+    assert stats.backend == "thread" and "computes on the CPU" in notes, notes
+    del loader
+
+
+@measures_the_machine
 def test_the_meter_leaves_out_the_loops_cpu_spent_in_stoker() -> None:
     clock = time.pthread_getcpuclockid(threading.get_ident())
     whole = GilMeter(period_s=0.005, wakeups=5)

@@ -40,6 +40,9 @@ __all__ = [
     "GIL_FREE",
     "INLINE_BATCH_S",
     "LOOP_CPU_FREE",
+    "STEP_CPU_BOUND",
+    "STEP_PARALLEL_CORES",
+    "THREAD_WAIT_SHARE",
     "Choice",
     "ProbeFacts",
     "decide_backend",
@@ -68,11 +71,12 @@ TAIL_WINDOW_S = 0.15
 # in this many may go unseen, as it may in a pass of expensive samples).
 EARLY_SAMPLES = 128
 # A batch that loads in less than this is cheaper to load in the main process than to receive
-# from a worker (receiving costs the main process a few tenths of a millisecond of CPU). 0.6 ms
-# was tried (tiny's 0.44 ms batches then loaded inline): quick runs read auto's GPU-like step
-# 1.12-1.17x slower than torch's without workers, against 0.98-1.00x at 0.3 ms
-# (benchmarks/README.md); kept at 0.3 ms.
-INLINE_BATCH_S = 0.3e-3
+# from a worker: receiving costs the main process 0.3-0.7 ms of CPU in a tight loop, and
+# 1-1.8 ms after a GPU-like step's wait (its caches gone cold), where a group of batches loaded
+# inline runs warm. tiny (a 0.6-0.8 ms batch in the probe), 2-core VM: inline against 2-3
+# process workers, GPU-like step 42.4 against 39.9 steps/s (torch without workers 41-42), CPU
+# step 146 against 115 (benchmarks/README.md). 0.3 ms left tiny on processes.
+INLINE_BATCH_S = 1.0e-3
 # Private bytes per sample read above which forked workers are said to copy the dataset
 # (a Python object read in a random order dirties about one 4 KiB page).
 COW_BYTES_PER_SAMPLE = 1024
@@ -84,6 +88,13 @@ GIL_FREE = 0.1
 # up the GIL and waits for it back, so a sentinel thread sees the GIL free while a thread
 # worker takes it at every op of the launch phase.
 LOOP_CPU_FREE = 0.03
+# A training step that computes on the CPU (its thread on a CPU at least STEP_CPU_BOUND of the
+# loop's own time, torch's intra-op threads keeping at least STEP_PARALLEL_CORES more cores
+# busy) runs long ops that release the GIL: thread workers whose samples mostly wait take it
+# only briefly between waits. io with the bench's CPU step, 2-core VM: threads 45.8 steps/s,
+# SPDL's 16 threads 44.1, processes 41-42 (benchmarks/README.md).
+STEP_CPU_BOUND = 0.5
+STEP_PARALLEL_CORES = 0.5
 
 
 @dataclass(frozen=True)
@@ -224,20 +235,32 @@ def decide_backend(facts: ProbeFacts) -> Choice:
     )
 
 
-def hand_over(gil_waits: list[float], loop_cpu: list[float]) -> tuple[bool, str]:
+def hand_over(
+    gil_waits: list[float],
+    loop_cpu: list[float],
+    step: tuple[float, float] | None = None,
+    loading_waits: bool = False,
+) -> tuple[bool, str]:
     """Whether process workers started for loading that waits should hand over to threads,
     and why, from readings taken while the training loop ran.
 
     Args:
         gil_waits: how long a waking thread waited for the GIL, per reading, as a share of the
             switch interval (:class:`~stoker.autotune._gil.GilMeter`).
-        loop_cpu: the training loop's thread's share of wall time on a CPU, per reading
-            (empty where it could not be read: the GIL readings decide alone).
+        loop_cpu: the training loop's thread's share of wall time on a CPU outside stoker's
+            ``next()``, per reading (empty where it could not be read: the GIL readings
+            decide alone).
+        step: over the readings, the same thread's share of the loop's own time (outside
+            ``next()``) on a CPU, and the cores the process's other threads (torch's intra-op
+            threads) kept busy in it (None: not measured).
+        loading_waits: the probe's median sample mostly waits (not only a heavy tail).
 
-    Threads only when the loop leaves the GIL free *and* runs almost no Python or op launches
-    of its own: a loop that launches many small ops (the launch phase of a GPU step) gives the
-    GIL up at every op, which a sentinel reads as free, yet a thread worker takes it each
-    time and the launch phase waits for it back.
+    Threads when the loop leaves the GIL free *and* either runs almost no Python or op
+    launches of its own, or computes on torch's intra-op threads while the samples mostly
+    wait: a loop that launches many small ops (the launch phase of a GPU step) gives the GIL
+    up at every op, which a sentinel reads as free, yet a thread worker takes it each time and
+    the launch phase waits for it back; a step of long ops on several cores gives it up for
+    milliseconds at a time, and threads that mostly wait take it only between waits.
     """
     if not gil_waits:
         return False, "no reading of the GIL was taken: processes stay"
@@ -250,6 +273,15 @@ def hand_over(gil_waits: list[float], loop_cpu: list[float]) -> tuple[bool, str]
         )
     cpu = statistics.median(loop_cpu) if loop_cpu else None
     if cpu is not None and cpu >= LOOP_CPU_FREE:
+        own, cores = step if step is not None else (0.0, 0.0)
+        if loading_waits and own >= STEP_CPU_BOUND and cores >= STEP_PARALLEL_CORES:
+            return True, (
+                f"the training step computes on the CPU (its thread busy {own:.0%} of the "
+                f"step, torch's other threads {cores:.1f} more cores) in ops that leave the GIL "
+                f"free (a waking thread waited {gil:.0%} of the switch interval for it), and "
+                "samples mostly wait: thread workers take the GIL only between waits, so "
+                "handing over to threads"
+            )
         return False, (
             f"the training loop runs Python or launches ops {cpu:.0%} of the time (a waking "
             f"thread waited only {gil:.0%} of the switch interval for the GIL, which each op "

@@ -12,9 +12,11 @@ sleep, a read or a GIL-free numpy or torch call.
 
 It reads a loop that launches many small torch ops as free, though: each op gives the GIL up,
 and the sentinel gets it then; a thread worker gets it too, and the op after waits for it. So
-each reading also carries the share of its wall time that the thread which started the meter
-(the training loop's) spent on a CPU, less what the caller says was its own work there
-(stoker's receiving of batches is not the loop's launch phase).
+each reading also carries the share of the loop's own time that the thread which started the
+meter (the training loop's) spent on a CPU, and the cores the process's other threads kept
+busy meanwhile (torch's intra-op threads, in a step that computes on the CPU). The caller says
+which time and CPU were not the loop's own: stoker's ``next()`` (receiving a batch, or waiting
+for one, is not the training step) is left out of both.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from collections.abc import Callable
 
 from stoker._introspect.platform import thread_sched_seconds
 
-__all__ = ["GIL_PERIOD_S", "READING_WAKEUPS", "GilMeter"]
+__all__ = ["GIL_PERIOD_S", "MIN_STEP_S", "READING_WAKEUPS", "GilMeter"]
 
 # Seconds between the sentinel's wake-ups (each costs a few microseconds of the GIL).
 GIL_PERIOD_S = 0.01
 # Wake-ups per reading (0.2 s at the default period).
 READING_WAKEUPS = 20
+# The loop's own time (outside next()) the step's figures need.
+MIN_STEP_S = 0.01
 
 
 class GilMeter:
@@ -45,20 +49,27 @@ class GilMeter:
         period_s: float | None = None,
         wakeups: int | None = None,
         own_cpu: Callable[[], float] | None = None,
+        own_wall: Callable[[], float] | None = None,
     ) -> None:
         """``own_cpu()``: CPU seconds the loop's thread spent so far in work that is not the
-        loop's own (left out of its readings' CPU share)."""
+        loop's own; ``own_wall()``: wall seconds it spent there (both are left out of the
+        readings' CPU shares: a loop starved of data waits in ``next()``, and its step's share
+        of a CPU must not read low for that)."""
         self._own_cpu = own_cpu
+        self._own_wall = own_wall
         self.period_s = GIL_PERIOD_S if period_s is None else period_s
         self.wakeups = READING_WAKEUPS if wakeups is None else wakeups
         self._lock = threading.Lock()
         self._waited = 0.0
         self._count = 0
         self._skip = 0  # readings still to leave out
-        self._readings: list[tuple[float, float, float | None]] = []  # (end, share, loop CPU)
+        # (end, GIL share, loop thread's CPU share of the wall time, the loop's own wall
+        # seconds, its thread's CPU seconds in them, the process's other threads' CPU seconds)
+        self._readings: list[tuple[float, float, float | None, float, float, float]] = []
         self._loop_clock: int | None = None  # the CPU clock of the thread that started it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._rebase = False  # forget(): the reading under way starts again
 
     def start(self) -> None:
         """Start the sentinel; the calling thread is the loop whose CPU share is read."""
@@ -70,19 +81,41 @@ class GilMeter:
             self._thread = threading.Thread(target=self._run, name="stoker-gil-meter", daemon=True)
             self._thread.start()
 
-    def _loop_cpu(self) -> float | None:
+    def _clocks(self) -> tuple[float, float, float, float, float] | None:
+        """(wall seconds, the loop's own wall seconds, its thread's CPU in them, the loop
+        thread's whole CPU, the process's CPU), so far; None where the loop's CPU clock cannot
+        be read."""
         if self._loop_clock is None:
             return None
         try:
             spent = time.clock_gettime(self._loop_clock)
         except OSError:  # the loop's thread ended
             return None
-        return spent - self._own_cpu() if self._own_cpu is not None else spent
+        own = self._own_cpu() if self._own_cpu is not None else 0.0
+        now = time.perf_counter()
+        wall = now - (self._own_wall() if self._own_wall is not None else 0.0)
+        return now, wall, spent - own, spent, time.process_time()
+
+    @staticmethod
+    def _shares(
+        before: tuple[float, ...] | None, after: tuple[float, ...] | None, mine: float
+    ) -> tuple[float | None, float, float, float]:
+        """Between two :meth:`_clocks`: the loop thread's CPU share of the wall time (None
+        where not measured), then the loop's own wall seconds, its thread's CPU seconds in
+        them, and the CPU seconds the process's other threads (less ``mine``, this
+        sentinel's) spent."""
+        if before is None or after is None or after[0] <= before[0]:
+            return None, 0.0, 0.0, 0.0
+        cpu = max(0.0, after[2] - before[2])
+        share = min(1.0, cpu / (after[0] - before[0]))
+        own = max(0.0, after[1] - before[1])
+        others = max(0.0, (after[4] - before[4]) - (after[3] - before[3]) - mine)
+        return share, own, cpu, others
 
     def _run(self) -> None:
         stop, period = self._stop, self.period_s
         sched = thread_sched_seconds()
-        began, loop0 = time.perf_counter(), self._loop_cpu()
+        clocks0, mine0 = self._clocks(), time.thread_time()
         while True:
             t0 = time.perf_counter()
             if stop.wait(period):
@@ -101,15 +134,15 @@ class GilMeter:
                     continue
                 share = min(1.0, self._waited / self._count / sys.getswitchinterval())
                 self._waited, self._count = 0.0, 0
-                loop1 = self._loop_cpu()
-                cpu = None
-                if loop0 is not None and loop1 is not None and now > began:
-                    cpu = min(1.0, max(0.0, (loop1 - loop0) / (now - began)))
-                began, loop0 = now, loop1
-                if self._skip:
+                clocks1, mine1 = self._clocks(), time.thread_time()
+                cpu, own, own_cpu, others = self._shares(clocks0, clocks1, mine1 - mine0)
+                clocks0, mine0 = clocks1, mine1
+                if self._rebase:
+                    self._rebase = False
+                elif self._skip:
                     self._skip -= 1
                 else:
-                    self._readings.append((now, share, cpu))
+                    self._readings.append((now, share, cpu, own, own_cpu, others))
 
     def disturb(self, since: float) -> None:
         """Something that holds the GIL happened after ``since`` (a ``time.perf_counter()``
@@ -120,18 +153,43 @@ class GilMeter:
             self._waited, self._count = 0.0, 0
             self._skip = 1
 
+    def forget(self) -> None:
+        """Leave out every reading so far and the one under way (what the loop did before
+        now, its start-up for instance, does not show how it runs)."""
+        with self._lock:
+            self._readings = []
+            self._waited, self._count = 0.0, 0
+            self._rebase = True
+
     def readings(self) -> list[float]:
         """The readings so far, oldest first: mean wait for the GIL per wake-up, as a share of
         the switch interval (0 to 1)."""
         with self._lock:
-            return [share for _, share, _ in self._readings]
+            return [r[1] for r in self._readings]
 
     def loop_cpu(self) -> list[float]:
-        """The same readings' share of wall time the loop's thread spent on a CPU (0 to 1),
-        oldest first; empty where that thread's CPU clock cannot be read."""
+        """The same readings' share of wall time the loop's thread spent on a CPU outside
+        ``next()`` (0 to 1), oldest first; empty where that thread's CPU clock cannot be
+        read."""
         with self._lock:
-            cpus = [cpu for _, _, cpu in self._readings]
-        return [c for c in cpus if c is not None] if None not in cpus else []
+            shares = [r[2] for r in self._readings]
+        return [c for c in shares if c is not None] if None not in shares else []
+
+    def step(self, last: int) -> tuple[float, float] | None:
+        """Over the ``last`` readings: the share of the loop's own time (outside ``next()``)
+        its thread spent on a CPU, and the cores the process's other threads kept busy in it
+        (a step computing on torch's intra-op threads reads about their count less one).
+        Summed over the readings, not a median of each: a reading taken while the loop mostly
+        waited for data holds little of its time. None where the loop's own time was under
+        :data:`MIN_STEP_S` or its clock cannot be read."""
+        with self._lock:
+            kept = self._readings[-last:] if last > 0 else []
+        if not kept or any(r[2] is None for r in kept):
+            return None
+        own = sum(r[3] for r in kept)
+        if own < MIN_STEP_S:
+            return None
+        return min(1.0, sum(r[4] for r in kept) / own), sum(r[5] for r in kept) / own
 
     def close(self) -> None:
         self._stop.set()

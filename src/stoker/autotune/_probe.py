@@ -25,6 +25,7 @@ from stoker.autotune._backend_rule import (
     COW_BYTES_PER_SAMPLE,
     INLINE_BATCH_S,
     TAIL_WINDOW_S,
+    THREAD_WAIT_SHARE,
     ProbeFacts,
     decide_backend,
     early_samples,
@@ -79,8 +80,9 @@ def choose_backend(
             there, and better while the training loop holds the GIL; and
             ``detail["wait_share"]`` to the share of the serial pass's loading time spent
             waiting (off the CPU), ``detail["batch_s"]`` to the seconds a batch took to load
-            in it and ``detail["copies"]`` to whether forked workers would copy the dataset,
-            once measured.
+            in it, ``detail["copies"]`` to whether forked workers would copy the dataset,
+            once measured, and ``detail["loading_waits"]`` to whether its median sample
+            mostly waits.
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -108,7 +110,12 @@ def choose_backend(
         allow_inline=allow_inline,
     )
     if detail is not None:
-        detail.update(wait_share=facts.waiting_all, batch_s=facts.batch_s, copies=copies)
+        detail.update(
+            wait_share=facts.waiting_all,
+            batch_s=facts.batch_s,
+            copies=copies,
+            loading_waits=facts.waiting >= THREAD_WAIT_SHARE,
+        )
     next_index = serial.next_index
     # The rounds would take the rest of the budget, hundreds of milliseconds before the first
     # worker starts: only where their answer matters.

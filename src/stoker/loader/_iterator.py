@@ -133,7 +133,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         if Handover.wanted(settings, self._scaler, self._backend):
             assert self._scaler is not None
             running = len(self._pool.active)
-            self._handover = Handover(self._scaler, running, loader, self._started)
+            self._handover = Handover(
+                self._scaler, running, loader, self._started, settings.loading_waits
+            )
         self._ready: set[int] = set()
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
@@ -288,11 +290,13 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         handover = self._handover
         if handover is not None and handover.state == "watch":
             # The handover reads the loop's own CPU share: this call's is stoker's.
-            began = time.thread_time()
+            began, wall = time.thread_time(), time.perf_counter()
             try:
                 return self._next_batch()
             finally:
                 handover.own_cpu_s += time.thread_time() - began
+                handover.own_wall_s += time.perf_counter() - wall
+                handover.loop_started()
         return self._next_batch()
 
     def _next_batch(self) -> Any:

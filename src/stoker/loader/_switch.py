@@ -83,22 +83,44 @@ class Handover:
         loader: the loader, held weakly (it holds its persistent iterator): the decision is
             kept there for later iterators.
         started: the iterator's ``time.monotonic()`` start, for the notes' time stamps.
+        loading_waits: the probe's median sample mostly waits (threads may then serve a step
+            that computes on the CPU, see :func:`~stoker.autotune._backend_rule.hand_over`).
     """
 
-    def __init__(self, scaler: AutoScaler, running: int, loader: Any, started: float) -> None:
+    def __init__(
+        self,
+        scaler: AutoScaler,
+        running: int,
+        loader: Any,
+        started: float,
+        loading_waits: bool = False,
+    ) -> None:
         self.state: Literal["watch", "drain"] | None = "watch"
         self.handback: dict[int, BatchTask] = {}  # batch index -> task, for the threads
         self.readings: list[float] = []
         # CPU seconds the loop's thread spent inside stoker's next() while watched (the
         # iterator adds them): receiving batches is not the loop's launch phase.
         self.own_cpu_s = 0.0
-        self.meter: GilMeter | None = GilMeter(own_cpu=lambda: self.own_cpu_s)
+        self.own_wall_s = 0.0  # ... and the wall seconds spent there
+        self.loading_waits = loading_waits
+        self._loop_seen = False
+        self.meter: GilMeter | None = GilMeter(
+            own_cpu=lambda: self.own_cpu_s, own_wall=lambda: self.own_wall_s
+        )
         self.meter.start()
         self._loader = weakref.ref(loader)
         self._started = started
         controller = scaler.controller
         self._unpinned = (controller.min_workers, controller.max_workers)
         controller.min_workers = controller.max_workers = running
+
+    def loop_started(self) -> None:
+        """The loop got a batch: readings start from the first (the pool's start-up, forks
+        and imports, is not how the loop runs)."""
+        if not self._loop_seen:
+            self._loop_seen = True
+            if self.meter is not None:
+                self.meter.forget()
 
     @staticmethod
     def wanted(settings: WorkerSettings, scaler: AutoScaler | None, backend: str) -> bool:
@@ -133,8 +155,9 @@ class Handover:
             return None
         self.readings = readings[-HANDOVER_READINGS:]
         loop_cpu = self.meter.loop_cpu()[-HANDOVER_READINGS:]
+        step = self.meter.step(HANDOVER_READINGS)
         self.stop()
-        free, why = hand_over(self.readings, loop_cpu)
+        free, why = hand_over(self.readings, loop_cpu, step, self.loading_waits)
         loader = self._loader()
         if loader is not None:  # decided for this loader: later iterators follow
             loader._threads_wanted = False
