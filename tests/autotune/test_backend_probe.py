@@ -116,8 +116,8 @@ def test_waiting_loading_gets_threads_and_cpu_work_gets_processes():
     backend, why = choose_backend(Sleepy(), default_collate, 4, iterable=False, detail=detail)
     assert backend == "thread" and "mostly waits" in why
     assert detail["waits"] is True and detail["loading_waits"] is True, detail
-    for ds in (PurePython(), GilFreeCompute()):
-        backend, why = choose_backend(ds, default_collate, 4, iterable=False)
+    for ds in (PurePython(), GilFreeCompute()):  # batches of 16 well above the inline limit
+        backend, why = choose_backend(ds, default_collate, 16, iterable=False)
         assert backend == "process" and "CPU work" in why, (type(ds).__name__, why)
 
 

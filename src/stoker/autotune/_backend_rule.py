@@ -70,13 +70,14 @@ TAIL_WINDOW_S = 0.15
 # samples show, and cheap samples need not fill the pass's time (a tail rarer than one sample
 # in this many may go unseen, as it may in a pass of expensive samples).
 EARLY_SAMPLES = 128
-# A batch that loads in less than this is cheaper to load in the main process than to receive
-# from a worker: receiving costs the main process 0.3-0.7 ms of CPU in a tight loop, and
-# 1-1.8 ms after a GPU-like step's wait (its caches gone cold), where a group of batches loaded
-# inline runs warm. tiny (a 0.6-0.8 ms batch in the probe), 2-core VM: inline against 2-3
-# process workers, GPU-like step 42.4 against 39.9 steps/s (torch without workers 41-42), CPU
-# step 146 against 115 (benchmarks/README.md). 0.3 ms left tiny on processes.
-INLINE_BATCH_S = 1.0e-3
+# A batch that loads in less than this (in the probe's forked child, which reads 1.3-1.6x the
+# main process's time: tiny 0.74-1.28 ms there, 0.48-0.77 ms in the main process) is cheaper
+# to load in the main process than to receive from a worker: receiving costs the main process
+# 0.3-0.7 ms of CPU in a tight loop, and 1-1.8 ms after a GPU-like step's wait (its caches
+# gone cold), where a group of batches loaded inline runs warm. tiny, 2-core VM: inline
+# against 2-3 process workers, GPU-like step 42.4 against 39.9 steps/s (torch without workers
+# 41-42), CPU step 146 against 115 (benchmarks/README.md). 0.3 ms left tiny on processes.
+INLINE_BATCH_S = 1.5e-3
 # Private bytes per sample read above which forked workers are said to copy the dataset
 # (a Python object read in a random order dirties about one 4 KiB page).
 COW_BYTES_PER_SAMPLE = 1024
@@ -199,17 +200,17 @@ def decide_backend(facts: ProbeFacts) -> Choice:
             waits=True,
         )
     batch_ms = facts.batch_s * 1e3
+    cow_why = (
+        f"forked workers would copy the dataset as they read it ({facts.copied / 1024:,.1f} "
+        "KiB per sample measured; `stoker.compact` or numpy arrays let processes share it)"
+    )
     if facts.allow_inline and facts.batch_s < INLINE_BATCH_S:
         return Choice(
             "inline",
             f"a batch loads in {batch_ms:.2f} ms: less than receiving it from a worker would "
-            "cost the main process, so it loads there",
+            "cost the main process, so it loads there" + (f"; {cow_why}" if facts.copies else ""),
         )
     if facts.copies:
-        cow_why = (
-            f"forked workers would copy the dataset as they read it ({facts.copied / 1024:,.1f} "
-            "KiB per sample measured; `stoker.compact` or numpy arrays let processes share it)"
-        )
         if facts.parallel:
             return Choice(
                 "thread", f"{cow_why}; two threads loaded {speedup:.1f}x as fast as one: threads"
