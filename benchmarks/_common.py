@@ -65,10 +65,27 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
     ``auto``: stoker, ``num_workers="auto"`` and ``prefetch_factor="auto"``; ``torchN`` or
     ``torchN:P``: torch's DataLoader, N workers (persistent), ``prefetch_factor`` P (default
     2); ``stokerN``: stoker, N workers; ``process:N`` or ``thread:N``: stoker, N workers of
-    that backend.
+    that backend; ``auto:thread`` or ``auto:process``: ``num_workers="auto"`` with that
+    backend; ``spdlN``: SPDL, N threads; ``torchdataN`` or ``torchdataN:P``: torchdata.nodes,
+    N worker processes, prefetch P (default 2), where installed.
     """
     import stoker
+    from stoker.bench._contenders import ContenderSpec, build_loader
 
+    base, _, rest = kind.partition(":")
+    if base == "auto" and rest in ("thread", "process"):
+        return stoker.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers="auto",
+            backend=cast(Any, rest),  # checked just above
+        )
+    for library in ("spdl", "torchdata"):
+        if base.startswith(library) and base[len(library) :].isdigit():
+            prefetch = None if library == "spdl" else int(rest or 2)
+            spec = ContenderSpec(library, int(base[len(library) :]), prefetch)
+            return build_loader(spec, dataset, batch_size, sampler)
     if kind == "auto":
         return stoker.DataLoader(
             dataset,
@@ -107,5 +124,6 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
     except ValueError:
         pass
     raise SystemExit(
-        f"unknown contender {kind!r}: auto, torchN[:P], stokerN, process:N or thread:N"
+        f"unknown contender {kind!r}: auto, auto:thread, auto:process, torchN[:P], stokerN, "
+        "process:N, thread:N, spdlN or torchdataN[:P]"
     )

@@ -98,20 +98,6 @@ def run(
     return steps / wall, statistics.median(launches), waited / wall, ended
 
 
-def make(kind: str, dataset: Any, batch_size: int) -> Any:
-    sampler = endless_sampler(dataset)
-    base, _, backend = kind.partition(":")
-    if base == "auto" and backend in ("thread", "process"):
-        return stoker.DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers="auto",
-            backend=backend,  # type: ignore[arg-type]
-        )
-    return contender(kind, dataset, batch_size, sampler)
-
-
 def main() -> None:
     parser = contenders_parser(__doc__ or "")
     parser.add_argument("--launch-ms", type=float, default=2.0)
@@ -131,7 +117,7 @@ def main() -> None:
             if name == "memory":
                 results[name].append(_held(held, ops, args))
                 continue
-            loader = make(name, dataset, workload.batch_size)
+            loader = contender(name, dataset, workload.batch_size, endless_sampler(dataset))
             results[name].append(run(loader, ops, args.wait_ms / 1e3, args.settle, args.seconds))
     print(
         f"{args.workload} (batch {workload.batch_size}), step: {ops} small torch ops "

@@ -9,10 +9,8 @@ fed from batches held in memory. Printed per contender: steps/s (median of round
 round's figure), the step's own time and the wait for data per step, and where a stoker
 loader ended (backend and workers).
 
-Contenders: those of ``_common.contender`` (``auto``, ``torchN[:P]``, ``stokerN``,
-``process:N``, ``thread:N``), ``auto:thread`` / ``auto:process`` (``num_workers="auto"``
-with that backend), ``spdlN`` (SPDL, N threads) and ``torchdataN[:P]`` (torchdata.nodes, N
-worker processes, prefetch P, default 2) where installed.
+Contenders: those of ``_common.contender`` (``auto``, ``auto:thread``, ``torchN[:P]``,
+``stokerN``, ``process:N``, ``thread:N``, ``spdlN``, ``torchdataN[:P]``).
 
 Run: ``python benchmarks/train_step.py io auto spdl16 torchdata8:4 --shape cpu``
 """
@@ -26,25 +24,9 @@ from typing import Any
 from _common import contender, contenders_parser, endless_sampler, open_workload
 
 import stoker
-from stoker.bench._contenders import ContenderSpec, build_loader, close_loader
+from stoker.bench._contenders import close_loader
 from stoker.bench._train import SHAPES, make_step, memory_batches, train_loop
 from stoker.bench._train_result import TrainSample
-
-
-def make(kind: str, dataset: Any, batch_size: int) -> Any:
-    sampler = endless_sampler(dataset)
-    base, _, rest = kind.partition(":")
-    if base == "auto" and rest in ("thread", "process"):
-        return stoker.DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, num_workers="auto", backend=rest
-        )
-    for library in ("spdl", "torchdata"):
-        if base.startswith(library) and base[len(library) :].isdigit():
-            workers = int(base[len(library) :])
-            prefetch = None if library == "spdl" else int(rest or 2)
-            spec = ContenderSpec(library, workers, prefetch)
-            return build_loader(spec, dataset, batch_size, sampler)
-    return contender(kind, dataset, batch_size, sampler)
 
 
 def one_round(loader: Any, step: Any, settle: float, seconds: float) -> tuple[TrainSample, str]:
@@ -83,7 +65,8 @@ def main() -> None:
                 assert sample is not None  # held batches never run out
                 results[name].append((sample, ""))
             else:
-                loader = make(name, dataset, workload.batch_size)
+                sampler = endless_sampler(dataset)
+                loader = contender(name, dataset, workload.batch_size, sampler)
                 results[name].append(one_round(loader, step, args.settle, args.seconds))
     print(f"{args.workload}, {args.shape} step ({SHAPES[args.shape]}); {args.rounds} rounds")
     for name, runs in results.items():

@@ -42,7 +42,6 @@ __all__ = [
     "LOOP_CPU_FREE",
     "STEP_CPU_BOUND",
     "STEP_PARALLEL_CORES",
-    "THREAD_WAIT_SHARE",
     "Choice",
     "ProbeFacts",
     "decide_backend",
@@ -126,6 +125,11 @@ class ProbeFacts:
     tail_cores: float | None = None
 
     @property
+    def mostly_waits(self) -> bool:
+        """The median sample spends most of its wall time waiting (not only a heavy tail)."""
+        return self.waiting >= THREAD_WAIT_SHARE
+
+    @property
     def parallel(self) -> bool:
         """Two threads loaded nearly twice as fast as one."""
         return self.speedup is not None and self.speedup >= THREAD_SPEEDUP
@@ -171,9 +175,7 @@ def tail_threads(facts: ProbeFacts) -> int:
     one, GIL or not: whether the work between them runs in parallel shows in the cores that
     threads enough to fill three of them, were it GIL-free, keep busy.
     """
-    if (facts.waiting >= THREAD_WAIT_SHARE and facts.parallel) or (
-        facts.waiting_all < TAIL_WAIT_SHARE
-    ):
+    if (facts.mostly_waits and facts.parallel) or (facts.waiting_all < TAIL_WAIT_SHARE):
         return 0
     return min(TAIL_MAX_THREADS, max(2, math.ceil(3 / max(1.0 - facts.waiting_all, 1e-3))))
 
@@ -181,7 +183,7 @@ def tail_threads(facts: ProbeFacts) -> int:
 def decide_backend(facts: ProbeFacts) -> Choice:
     """The backend for ``facts`` (see the module docstring)."""
     waiting, speedup = facts.waiting, facts.speedup or 0.0
-    if waiting >= THREAD_WAIT_SHARE and facts.parallel:
+    if facts.mostly_waits and facts.parallel:
         return Choice(
             "thread",
             f"loading mostly waits (the median sample waits {waiting:.0%} of its time) and two "

@@ -25,7 +25,6 @@ from stoker.autotune._backend_rule import (
     COW_BYTES_PER_SAMPLE,
     INLINE_BATCH_S,
     TAIL_WINDOW_S,
-    THREAD_WAIT_SHARE,
     ProbeFacts,
     decide_backend,
     early_samples,
@@ -114,7 +113,7 @@ def choose_backend(
             wait_share=facts.waiting_all,
             batch_s=facts.batch_s,
             copies=copies,
-            loading_waits=facts.waiting >= THREAD_WAIT_SHARE,
+            loading_waits=facts.mostly_waits,
         )
     next_index = serial.next_index
     # The rounds would take the rest of the budget, hundreds of milliseconds before the first
