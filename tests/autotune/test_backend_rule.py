@@ -10,6 +10,7 @@ from stoker.autotune._backend_rule import (
     GIL_FREE,
     INLINE_BATCH_S,
     LOOP_CPU_FREE,
+    LOOP_TIME_SHARE,
     STEP_CPU_BOUND,
     STEP_PARALLEL_CORES,
     TAIL_MAX_THREADS,
@@ -25,6 +26,7 @@ from stoker.autotune._backend_rule import (
     tail_threads,
     wants_speedup,
 )
+from stoker.autotune._gil import StepFigures
 
 BATCH_S = 0.05  # a batch well above the inline threshold
 
@@ -114,11 +116,32 @@ def test_a_launch_phase_of_small_ops_keeps_processes_though_the_gil_reads_free()
     assert not threads and "launches ops" in why
 
 
+def test_a_starved_launch_phase_is_read_over_the_loops_own_time() -> None:
+    # heavytail's GPU-like step while workers start: 2 ms of launches, 20 ms of device wait
+    # and 100 ms waiting in next(): 1.6% of the wall time, 9% of the loop's own.
+    gil, wall = [GIL_FREE / 4] * 5, [LOOP_CPU_FREE / 2] * 5
+    threads, why = hand_over(gil, wall, StepFigures(0.09, 0.0, 0.18), loading_waits=False)
+    assert not threads and "9% of its own time" in why
+    # Without the loop's own time measured, the wall-time share decides.
+    assert hand_over(gil, wall, None)[0]
+    # A loop whose own time is mostly a device wait (its launches under the threshold).
+    threads, why = hand_over(gil, [0.5] * 5, StepFigures(LOOP_CPU_FREE / 2, 0.0, 0.9))
+    assert threads and "of its own time" in why
+
+
+def test_a_loop_that_only_counts_its_batches_gets_threads() -> None:
+    # Its own time is all Python, but a sliver of the wall time: nothing for threads to slow.
+    gil, wall = [GIL_FREE / 4] * 5, [LOOP_CPU_FREE / 2] * 5
+    threads, why = hand_over(gil, wall, StepFigures(1.0, 0.0, LOOP_TIME_SHARE / 2))
+    assert threads and "of the wall time" in why
+    assert not hand_over(gil, wall, StepFigures(1.0, 0.0, LOOP_TIME_SHARE))[0]
+
+
 def test_a_step_computing_on_intra_op_threads_gets_threads_when_samples_mostly_wait() -> None:
     # The bench's CPU step beside io: its thread busy most of the step, torch's other threads
     # on another core, the GIL free between long ops.
     gil, loop = [GIL_FREE / 4] * 5, [0.6] * 5
-    step = (STEP_CPU_BOUND + 0.2, STEP_PARALLEL_CORES + 0.4)
+    step = StepFigures(STEP_CPU_BOUND + 0.2, STEP_PARALLEL_CORES + 0.4, 0.95)
     threads, why = hand_over(gil, loop, step, loading_waits=True)
     assert threads and "computes on the CPU" in why and "handing over to threads" in why
     # Samples that compute (a heavy tail of waits only) would take the GIL from the step.
@@ -139,7 +162,8 @@ def test_a_step_computing_on_intra_op_threads_gets_threads_when_samples_mostly_w
 def test_a_step_that_does_not_compute_on_several_cores_keeps_processes(
     busy: float, cores: float
 ) -> None:
-    threads, why = hand_over([GIL_FREE / 4] * 5, [0.2] * 5, (busy, cores), loading_waits=True)
+    step = StepFigures(busy, cores, 0.9)
+    threads, why = hand_over([GIL_FREE / 4] * 5, [0.2] * 5, step, loading_waits=True)
     assert not threads and "launches ops" in why
 
 

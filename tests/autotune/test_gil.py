@@ -54,13 +54,14 @@ def test_shares_split_the_loops_own_time_from_the_time_inside_next() -> None:
 def test_the_step_figures_sum_the_readings_and_need_the_loops_own_time() -> None:
     meter = GilMeter()
     meter._readings = [
-        (1.0, 0.0, 0.01, 0.002, 0.0, 0.0),  # the loop mostly waited for data
-        (2.0, 0.0, 0.5, 0.100, 0.080, 0.090),
-        (3.0, 0.0, 0.5, 0.100, 0.070, 0.080),
+        (1.0, 0.0, 0.01, 0.002, 0.0, 0.0, 0.2),  # the loop mostly waited for data
+        (2.0, 0.0, 0.5, 0.100, 0.080, 0.090, 0.2),
+        (3.0, 0.0, 0.5, 0.100, 0.070, 0.080, 0.2),
     ]
-    busy, cores = meter.step(3) or (None, None)
+    busy, cores, share = meter.step(3) or (None, None, None)
     assert busy == pytest.approx(0.150 / 0.202) and cores == pytest.approx(0.170 / 0.202)
-    assert meter.step(1) == pytest.approx((0.7, 0.8))
+    assert share == pytest.approx(0.202 / 0.6)
+    assert meter.step(1) == pytest.approx((0.7, 0.8, 0.5))
     meter._readings = meter._readings[:1]  # 2 ms of the loop's own: too little to read
     assert meter.step(3) is None
     assert meter.step(0) is None

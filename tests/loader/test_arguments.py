@@ -57,9 +57,13 @@ BAD: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "restarts-float": ({"max_worker_restarts": 1.5}, ConfigTypeError, "`max_worker_restarts`"),
     "restarts-negative": ({"max_worker_restarts": -1}, stoker.ConfigError, "Found: -1"),
     "config-int": ({"config": 3}, ConfigTypeError, "`config` must be the path"),
+    "nice-float": ({"worker_nice": 2.5}, ConfigTypeError, "`worker_nice` must be an int"),
+    "nice-bool": ({"worker_nice": True}, ConfigTypeError, "Found: True (bool)"),
+    "nice-negative": ({"worker_nice": -5}, stoker.ConfigError, "without privileges"),
+    "nice-past-19": ({"worker_nice": 20}, stoker.ConfigError, "Found: 20"),
 }
 # Keywords torch's DataLoader does not have.
-STOKER_ONLY = {"distributed", "backend", "max_worker_restarts", "config"}
+STOKER_ONLY = {"distributed", "backend", "max_worker_restarts", "config", "worker_nice"}
 
 
 def _torch_outcome(kwargs: dict[str, Any]) -> type[BaseException] | None:
@@ -110,6 +114,8 @@ def test_num_workers_float_fails_late_in_torch() -> None:
         {"num_workers": 1, "persistent_workers": None, "prefetch_factor": "auto"},
         {"sampler": [0, 1, 2]},
         {"pin_memory_device": ""},
+        {"worker_nice": np.int64(0)},
+        {"worker_nice": 19},
     ],
 )
 def test_values_of_accepted_types_pass(kwargs: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ from _support import assert_same, chunks, iterate_until_error, rebuild_like_ligh
 
 import stoker
 from stoker._introspect.platform import usable_cores
+from stoker.loader._settings import MAX_NICE, WORKER_NICE
 
 HANG_GUARD_S = 120
 # How long worker processes may take to exit once their loader or iterator is released.
@@ -486,6 +487,31 @@ def test_workers_cap_threads_and_freeze_gc(workers: int, start: str) -> None:
         if start == "fork":
             assert s["gc_freeze_count"] > 0, "gc.freeze() was not called before forking"
     assert torch.get_num_threads() == main_threads, "the main process's threads changed"
+
+
+class NiceDataset(tud.Dataset[int]):
+    """Each sample is the nice value of the thread that loads it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+@pytest.mark.parametrize(
+    ("backend", "nice", "added"),
+    [("process", None, WORKER_NICE), ("process", 0, 0), ("process", 5, 5), ("thread", None, 0)],
+)
+def test_process_workers_run_at_a_lower_priority_than_the_training_process(
+    backend: str, nice: int | None, added: int
+) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    extra = {} if nice is None else {"worker_nice": nice}
+    loader = stoker.DataLoader(NiceDataset(), batch_size=2, num_workers=2, backend=backend, **extra)
+    seen = {int(v) for batch in loader for v in batch}
+    assert seen == {min(MAX_NICE, own + added)}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own, "the training process's priority changed"
 
 
 def test_a_single_forked_worker_does_not_hang_in_openmp_after_the_parent_used_it() -> None:

@@ -10,6 +10,8 @@ import pytest
 from _datasets import EventGatedDataset
 from torch.utils.data._utils.collate import default_collate
 
+from stoker.autotune._backend_rule import LOOP_TIME_SHARE
+from stoker.autotune._gil import MIN_STEP_S, StepFigures
 from stoker.autotune._scaling import AutoScaler
 from stoker.loader import _switch
 from stoker.loader._dispatch import batch_task
@@ -74,12 +76,38 @@ def test_a_free_gil_with_a_busy_loop_thread_keeps_the_processes(handover, monkey
     try:
         monkeypatch.setattr(made.meter, "readings", lambda: [0.0] * _switch.HANDOVER_READINGS)
         monkeypatch.setattr(made.meter, "loop_cpu", lambda: [0.2] * _switch.HANDOVER_READINGS)
+        monkeypatch.setattr(made.meter, "step", lambda last: StepFigures(0.2, 0.0, 1.0))
         note = made.watch(None, pool, scaler)
     finally:
         pool.shutdown()
     assert note is not None and "launches ops 20%" in note and "processes stay" in note
     assert made.state is None and loader._resolved_backend == "process"
     assert scaler.controller.max_workers > 2
+
+
+@pytest.mark.parametrize("wall_s", [0.05, 1.0])
+def test_a_loop_that_has_hardly_run_outside_next_is_decided_once_the_readings_cover_enough(
+    handover, monkeypatch, wall_s: float
+) -> None:
+    # Readings spent waiting for data show nothing of the step: a short stretch of them does
+    # not tell a starved loop from one that only counts its batches; a long one does.
+    made, scaler, loader = handover
+    pool = ThreadPool(_specs(1), (EventGatedDataset(), default_collate, None))
+    readings = [0.0] * _switch.HANDOVER_READINGS
+    try:
+        monkeypatch.setattr(made.meter, "readings", lambda: readings)
+        monkeypatch.setattr(made.meter, "loop_cpu", lambda: [0.0] * len(readings))
+        monkeypatch.setattr(made.meter, "step", lambda last: None)
+        monkeypatch.setattr(made.meter, "wall", lambda last: wall_s)
+        note = made.watch(None, pool, scaler)
+        if wall_s * LOOP_TIME_SHARE < MIN_STEP_S:
+            assert note is None and made.state == "watch"
+            readings = [0.0] * (_switch.STEP_PATIENCE * _switch.HANDOVER_READINGS)
+            note = made.watch(None, pool, scaler)  # waited long enough: the wall time decides
+    finally:
+        pool.shutdown()
+    assert note is not None and "handing over to threads" in note
+    assert loader._resolved_backend == "thread"
 
 
 def test_a_free_gil_takes_back_the_queue_and_returns_threads(handover, monkeypatch) -> None:

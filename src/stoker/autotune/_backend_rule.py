@@ -35,11 +35,14 @@ import statistics
 from dataclasses import dataclass
 from typing import Literal
 
+from stoker.autotune._gil import StepFigures
+
 __all__ = [
     "COW_BYTES_PER_SAMPLE",
     "GIL_FREE",
     "INLINE_BATCH_S",
     "LOOP_CPU_FREE",
+    "LOOP_TIME_SHARE",
     "STEP_CPU_BOUND",
     "STEP_PARALLEL_CORES",
     "Choice",
@@ -83,11 +86,16 @@ COW_BYTES_PER_SAMPLE = 1024
 # The median GIL wait (a share of the switch interval) under which the training loop is
 # taken to leave the GIL free.
 GIL_FREE = 0.1
-# ... and the share of the loop thread's wall time on a CPU (its Python and the launches of
-# its torch ops) under which it runs too little for threads to slow it: each small op gives
-# up the GIL and waits for it back, so a sentinel thread sees the GIL free while a thread
-# worker takes it at every op of the launch phase.
+# ... and the share of the loop's own time (outside stoker's next()) its thread spends on a CPU
+# (its Python and the launches of its torch ops) under which it runs too little for threads to
+# slow it: each small op gives up the GIL and waits for it back, so a sentinel thread sees the
+# GIL free while a thread worker takes it at every op of the launch phase.
 LOOP_CPU_FREE = 0.03
+# ... or the share of the wall time the loop's own time takes, under which whatever it does
+# there is too little to slow (a loop that only counts its batches). Read over the wall time
+# alone, heavytail's GPU-like step starved at start-up (2 ms of launches, a 20 ms device wait,
+# 100 ms waiting for data) read 1.6% busy and handed over to threads that ran 1.5 steps/s.
+LOOP_TIME_SHARE = 0.05
 # A training step that computes on the CPU (its thread on a CPU at least STEP_CPU_BOUND of the
 # loop's own time, torch's intra-op threads keeping at least STEP_PARALLEL_CORES more cores
 # busy) runs long ops that release the GIL: thread workers whose samples mostly wait take it
@@ -241,7 +249,7 @@ def decide_backend(facts: ProbeFacts) -> Choice:
 def hand_over(
     gil_waits: list[float],
     loop_cpu: list[float],
-    step: tuple[float, float] | None = None,
+    step: StepFigures | None = None,
     loading_waits: bool = False,
 ) -> tuple[bool, str]:
     """Whether process workers started for loading that waits should hand over to threads,
@@ -252,10 +260,11 @@ def hand_over(
             switch interval (:class:`~stoker.autotune._gil.GilMeter`).
         loop_cpu: the training loop's thread's share of wall time on a CPU outside stoker's
             ``next()``, per reading (empty where it could not be read: the GIL readings
-            decide alone).
+            decide alone); used where ``step`` is None.
         step: over the readings, the same thread's share of the loop's own time (outside
-            ``next()``) on a CPU, and the cores the process's other threads (torch's intra-op
-            threads) kept busy in it (None: not measured).
+            ``next()``) on a CPU, the cores the process's other threads (torch's intra-op
+            threads) kept busy in it, and that time's share of the wall time (None: not
+            measured).
         loading_waits: the probe's median sample mostly waits (not only a heavy tail).
 
     Threads when the loop leaves the GIL free *and* either runs almost no Python or op
@@ -274,9 +283,13 @@ def hand_over(
             "interval for it): thread workers would wait for it after every wait, so "
             "processes stay"
         )
-    cpu = statistics.median(loop_cpu) if loop_cpu else None
-    if cpu is not None and cpu >= LOOP_CPU_FREE:
-        own, cores = step if step is not None else (0.0, 0.0)
+    # Of the loop's own time where measured: over the wall time, a loop starved of data
+    # reads idle.
+    cpu = step.busy if step is not None else statistics.median(loop_cpu) if loop_cpu else None
+    when = "its own time" if step is not None else "the time"
+    counts = step is None or step.share >= LOOP_TIME_SHARE
+    if cpu is not None and cpu >= LOOP_CPU_FREE and counts:
+        own, cores = (step.busy, step.cores) if step is not None else (0.0, 0.0)
         if loading_waits and own >= STEP_CPU_BOUND and cores >= STEP_PARALLEL_CORES:
             return True, (
                 f"the training step computes on the CPU (its thread busy {own:.0%} of the "
@@ -286,11 +299,13 @@ def hand_over(
                 "handing over to threads"
             )
         return False, (
-            f"the training loop runs Python or launches ops {cpu:.0%} of the time (a waking "
+            f"the training loop runs Python or launches ops {cpu:.0%} of {when} (a waking "
             f"thread waited only {gil:.0%} of the switch interval for the GIL, which each op "
             "gives up): thread workers would take the GIL from every launch, so processes stay"
         )
-    busy = f", its thread on a CPU {cpu:.0%} of the time" if cpu is not None else ""
+    busy = f", its thread on a CPU {cpu:.0%} of {when}" if cpu is not None else ""
+    if step is not None and step.share < LOOP_TIME_SHARE:
+        busy = f", its own time {step.share:.0%} of the wall time"
     return True, (
         f"the training loop leaves the GIL free (a waking thread waited {gil:.0%} of the "
         f"switch interval for it{busy}): handing over to threads"

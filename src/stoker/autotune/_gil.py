@@ -25,10 +25,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from stoker._introspect.platform import thread_sched_seconds
 
-__all__ = ["GIL_PERIOD_S", "MIN_STEP_S", "READING_WAKEUPS", "GilMeter"]
+__all__ = [
+    "GIL_PERIOD_S",
+    "MIN_STEP_S",
+    "READING_WAKEUPS",
+    "GilMeter",
+    "InsideNext",
+    "StepFigures",
+]
 
 # Seconds between the sentinel's wake-ups (each costs a few microseconds of the GIL).
 GIL_PERIOD_S = 0.01
@@ -36,6 +44,58 @@ GIL_PERIOD_S = 0.01
 READING_WAKEUPS = 20
 # The loop's own time (outside next()) the step's figures need.
 MIN_STEP_S = 0.01
+
+
+class InsideNext:
+    """The wall and CPU seconds the training loop's thread spent inside stoker's ``next()``,
+    counted as they go: a reading that ends while the loop waits there must not take that
+    wait for the loop's own time (the next reading would then find less than none).
+
+    The loop's thread calls :meth:`enter` and :meth:`leave`; the meter's thread reads
+    :meth:`wall` and :meth:`cpu`. The state is one tuple, replaced whole, so a reader sees
+    a call either entered or left, never half of each.
+    """
+
+    def __init__(self) -> None:
+        # (wall seconds, CPU seconds, (wall, CPU clock) at the entry of the call under way)
+        self._state: tuple[float, float, tuple[float, float] | None] = (0.0, 0.0, None)
+
+    def enter(self) -> None:
+        wall, cpu, _ = self._state
+        self._state = (wall, cpu, (time.perf_counter(), time.thread_time()))
+
+    def leave(self) -> None:
+        wall, cpu, entered = self._state
+        if entered is not None:
+            wall += time.perf_counter() - entered[0]
+            cpu += time.thread_time() - entered[1]
+        self._state = (wall, cpu, None)
+
+    def wall(self) -> float:
+        """Wall seconds inside ``next()`` so far, the call under way included."""
+        wall, _, entered = self._state
+        return wall + (time.perf_counter() - entered[0] if entered is not None else 0.0)
+
+    def cpu(self, spent: float) -> float:
+        """CPU seconds inside ``next()`` so far, where ``spent`` is the loop thread's CPU clock
+        now (read by the caller from another thread)."""
+        _, cpu, entered = self._state
+        return cpu + (max(0.0, spent - entered[1]) if entered is not None else 0.0)
+
+
+class StepFigures(NamedTuple):
+    """The training loop's own time (outside ``next()``) over some readings.
+
+    Attributes:
+        busy: the share of it the loop's thread spent on a CPU.
+        cores: the cores the process's other threads (torch's intra-op threads) kept busy in it.
+        share: its share of the wall time (low: the loop mostly waited for data, or does next
+            to nothing between batches).
+    """
+
+    busy: float
+    cores: float
+    share: float
 
 
 class GilMeter:
@@ -48,13 +108,13 @@ class GilMeter:
         self,
         period_s: float | None = None,
         wakeups: int | None = None,
-        own_cpu: Callable[[], float] | None = None,
+        own_cpu: Callable[[float], float] | None = None,
         own_wall: Callable[[], float] | None = None,
     ) -> None:
-        """``own_cpu()``: CPU seconds the loop's thread spent so far in work that is not the
-        loop's own; ``own_wall()``: wall seconds it spent there (both are left out of the
-        readings' CPU shares: a loop starved of data waits in ``next()``, and its step's share
-        of a CPU must not read low for that)."""
+        """``own_cpu(spent)``: CPU seconds the loop's thread spent so far in work that is not
+        the loop's own, given its CPU clock now; ``own_wall()``: wall seconds it spent there
+        (both are left out of the readings' CPU shares: a loop starved of data waits in
+        ``next()``, and its step's share of a CPU must not read low for that)."""
         self._own_cpu = own_cpu
         self._own_wall = own_wall
         self.period_s = GIL_PERIOD_S if period_s is None else period_s
@@ -64,8 +124,9 @@ class GilMeter:
         self._count = 0
         self._skip = 0  # readings still to leave out
         # (end, GIL share, loop thread's CPU share of the wall time, the loop's own wall
-        # seconds, its thread's CPU seconds in them, the process's other threads' CPU seconds)
-        self._readings: list[tuple[float, float, float | None, float, float, float]] = []
+        # seconds, its thread's CPU seconds in them, the process's other threads' CPU seconds,
+        # wall seconds)
+        self._readings: list[tuple[float, float, float | None, float, float, float, float]] = []
         self._loop_clock: int | None = None  # the CPU clock of the thread that started it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,7 +152,7 @@ class GilMeter:
             spent = time.clock_gettime(self._loop_clock)
         except OSError:  # the loop's thread ended
             return None
-        own = self._own_cpu() if self._own_cpu is not None else 0.0
+        own = self._own_cpu(spent) if self._own_cpu is not None else 0.0
         now = time.perf_counter()
         wall = now - (self._own_wall() if self._own_wall is not None else 0.0)
         return now, wall, spent - own, spent, time.process_time()
@@ -136,13 +197,16 @@ class GilMeter:
                 self._waited, self._count = 0.0, 0
                 clocks1, mine1 = self._clocks(), time.thread_time()
                 cpu, own, own_cpu, others = self._shares(clocks0, clocks1, mine1 - mine0)
+                wall = (
+                    clocks1[0] - clocks0[0] if clocks0 is not None and clocks1 is not None else 0.0
+                )
                 clocks0, mine0 = clocks1, mine1
                 if self._rebase:
                     self._rebase = False
                 elif self._skip:
                     self._skip -= 1
                 else:
-                    self._readings.append((now, share, cpu, own, own_cpu, others))
+                    self._readings.append((now, share, cpu, own, own_cpu, others, wall))
 
     def disturb(self, since: float) -> None:
         """Something that holds the GIL happened after ``since`` (a ``time.perf_counter()``
@@ -175,13 +239,13 @@ class GilMeter:
             shares = [r[2] for r in self._readings]
         return [c for c in shares if c is not None] if None not in shares else []
 
-    def step(self, last: int) -> tuple[float, float] | None:
+    def step(self, last: int) -> StepFigures | None:
         """Over the ``last`` readings: the share of the loop's own time (outside ``next()``)
-        its thread spent on a CPU, and the cores the process's other threads kept busy in it
-        (a step computing on torch's intra-op threads reads about their count less one).
-        Summed over the readings, not a median of each: a reading taken while the loop mostly
-        waited for data holds little of its time. None where the loop's own time was under
-        :data:`MIN_STEP_S` or its clock cannot be read."""
+        its thread spent on a CPU, the cores the process's other threads kept busy in it (a
+        step computing on torch's intra-op threads reads about their count less one), and
+        that time's share of the wall time. Summed over the readings, not a median of each: a
+        reading taken while the loop mostly waited for data holds little of its time. None
+        where the loop's own time was under :data:`MIN_STEP_S` or its clock cannot be read."""
         with self._lock:
             kept = self._readings[-last:] if last > 0 else []
         if not kept or any(r[2] is None for r in kept):
@@ -189,7 +253,18 @@ class GilMeter:
         own = sum(r[3] for r in kept)
         if own < MIN_STEP_S:
             return None
-        return min(1.0, sum(r[4] for r in kept) / own), sum(r[5] for r in kept) / own
+        wall = sum(r[6] for r in kept)
+        return StepFigures(
+            min(1.0, sum(r[4] for r in kept) / own),
+            sum(r[5] for r in kept) / own,
+            min(1.0, own / wall) if wall > 0 else 1.0,
+        )
+
+    def wall(self, last: int) -> float:
+        """Wall seconds the ``last`` readings cover."""
+        with self._lock:
+            kept = self._readings[-last:] if last > 0 else []
+        return sum(r[6] for r in kept)
 
     def close(self) -> None:
         self._stop.set()

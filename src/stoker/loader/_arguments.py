@@ -23,6 +23,7 @@ import torch
 import torch.utils.data as tud
 
 from stoker.errors import ConfigError, ConfigTypeError
+from stoker.loader._settings import MAX_NICE
 
 __all__ = ["BACKENDS", "SHM_MODES", "check_arguments", "torch_rejects_combination"]
 
@@ -115,6 +116,7 @@ def check_arguments(
     config: Any,
     distributed: Any,
     shm: Any = "auto",
+    worker_nice: Any = 0,
 ) -> None:
     """Raise if an argument of :class:`stoker.DataLoader` has a type or value it cannot use.
 
@@ -150,6 +152,7 @@ def check_arguments(
             f"None. {_found(generator)}"
         )
     _check_extras(pin_memory_device, shm, backend, config)
+    _check_nice(worker_nice)
 
 
 def _check_counts(
@@ -186,6 +189,20 @@ def _check_counts(
     if max_worker_restarts < 0:
         raise ConfigError(
             f"`max_worker_restarts` must be an int >= 0. Found: {max_worker_restarts}."
+        )
+
+
+def _check_nice(worker_nice: Any) -> None:
+    if not _is_int(worker_nice):
+        raise ConfigTypeError(
+            f"`worker_nice` must be an int from 0 to {MAX_NICE} (added to process workers' nice "
+            f"value; 0 runs them at the training process's priority). {_found(worker_nice)}"
+        )
+    if not 0 <= worker_nice <= MAX_NICE:
+        raise ConfigError(
+            f"`worker_nice` must be an int from 0 to {MAX_NICE}: workers cannot run at a higher "
+            "priority than the training process without privileges, and Linux stops at "
+            f"{MAX_NICE}. Found: {worker_nice}."
         )
 
 

@@ -110,6 +110,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             drop_last=self._drop_last,
             on_error=self._policy.on_error,
             shm_require=settings.shm_require,
+            nice=settings.nice,
         )
         init = sharding_worker_init(
             self._dataset, settings.worker_init_fn, self._world_size, self._rank
@@ -290,12 +291,11 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         handover = self._handover
         if handover is not None and handover.state == "watch":
             # The handover reads the loop's own CPU share: this call's is stoker's.
-            began, wall = time.thread_time(), time.perf_counter()
+            handover.inside.enter()
             try:
                 return self._next_batch()
             finally:
-                handover.own_cpu_s += time.thread_time() - began
-                handover.own_wall_s += time.perf_counter() - wall
+                handover.inside.leave()
                 handover.loop_started()
         return self._next_batch()
 

@@ -26,7 +26,7 @@ from stoker.device import resolve_device, warn_pin_without_accelerator
 from stoker.errors import ConfigError
 from stoker.faults import Failure, FailurePolicy, OnError
 from stoker.loader._arguments import check_arguments
-from stoker.loader._settings import WorkerSettings, resolve_workers
+from stoker.loader._settings import WORKER_NICE, WorkerSettings, resolve_workers
 from stoker.loader._stats import LoaderStats
 from stoker.sampling._resume import EpochState, ResumeTarget, map_length
 
@@ -149,6 +149,11 @@ class DataLoader(tud.DataLoader[_T_co]):
             for one of its slots to be released, then sends the batch through the pipe
             (slower, nothing lost) with one warning; ``"require"`` raises
             :class:`stoker.SharedMemoryError` instead.
+        worker_nice: added to the nice value of process workers (default 19, the lowest
+            priority: the training step's threads take a core from them the moment they
+            wake, and workers load on what is left; 0 runs them at the training process's
+            priority, as torch does). Thread workers keep the process's: a thread that holds
+            the GIL must not wait for a core while the training loop waits for the GIL.
 
     Raises:
         ValueError: for every argument combination torch rejects, with torch's message.
@@ -188,6 +193,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         device: str | torch.device | None = None,
         distributed: bool = False,
         shm: Shm = "auto",
+        worker_nice: int = WORKER_NICE,
     ) -> None:
         # Over 80 lines: every argument is checked, resolved, then passed on to torch's.
         check_arguments(
@@ -212,6 +218,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             config=config,
             distributed=distributed,
             shm=shm,
+            worker_nice=worker_nice,
         )
         if not isinstance(num_workers, str):  # a numpy int: stoker's engine tests for `int`
             num_workers = int(num_workers)
@@ -281,6 +288,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         self.config = config
         self.max_worker_restarts = max_worker_restarts
         self.shm = shm
+        self.worker_nice = int(worker_nice)
         self._init_state(distributed)
 
     def _init_probe_state(self) -> None:
@@ -396,6 +404,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             threads_wanted=self._threads_wanted,
             loading_waits=self._loading_waits,
             notes=tuple(self._backend_notes),
+            nice=self.worker_nice,
         )
 
     def _resolve_backend(self) -> None:

@@ -15,7 +15,17 @@ from stoker.errors import ConfigError
 from stoker.faults import FailurePolicy
 from stoker.loader._config import load_config
 
-__all__ = ["Resolved", "WorkerSettings", "resolve_workers"]
+__all__ = ["MAX_NICE", "WORKER_NICE", "Resolved", "WorkerSettings", "resolve_workers"]
+
+# Added to process workers' nice value: the training step's threads then take a core from them
+# as soon as they wake, instead of sharing it (torch's intra-op threads meet at a barrier after
+# every op, so one thread kept off its core stalls the others). The bench's CPU step on 2
+# cores, workers at 0 / 10 / 19: heavytail 14.4 / 16.8 / 18.2 steps/s (the step's own time
+# 65 / 15 / 12 ms), jpeg 5.8 / 7.2 / 7.2; its GPU-like step within the spread
+# (benchmarks/README.md). Niceness counts within an autogroup or cgroup, where other jobs'
+# processes usually are not.
+WORKER_NICE = 19
+MAX_NICE = 19  # the most Linux accepts; more is clipped to it
 
 # The defaults of the arguments a ``config=`` file may set: it applies only to an argument
 # left at its default and not passed.
@@ -136,6 +146,7 @@ class WorkerSettings:
             to threads once the loop leaves the GIL free (stoker.loader._switch).
         loading_waits: the probe's median sample mostly waits (not only a heavy tail).
         notes: what resolving ``backend`` found (for ``stats().notes``).
+        nice: added to process workers' nice value (``worker_nice``).
     """
 
     backend: str
@@ -153,3 +164,4 @@ class WorkerSettings:
     threads_wanted: bool
     loading_waits: bool
     notes: tuple[str, ...]
+    nice: int = 0

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple
 
 from stoker._introspect.platform import usable_cores
-from stoker.autotune._backend_rule import GIL_FREE, hand_over
-from stoker.autotune._gil import GilMeter
+from stoker.autotune._backend_rule import GIL_FREE, LOOP_TIME_SHARE, hand_over
+from stoker.autotune._gil import MIN_STEP_S, GilMeter, InsideNext
 from stoker.autotune._scaling import AutoScaler
 from stoker.loader._dispatch import batch_task
 from stoker.loader._settings import WorkerSettings
@@ -47,6 +47,11 @@ __all__ = [
 # Readings (of autotune._gil.READING_WAKEUPS wake-ups each, 0.2 s) the decision waits for
 # (the thresholds: autotune._backend_rule.GIL_FREE and LOOP_CPU_FREE).
 HANDOVER_READINGS = 5
+# ... and up to how many times as many it waits for while they cover too little time to tell a
+# loop that hardly runs outside next() (one that counts its batches: threads cannot slow it)
+# from one starved while the pool starts (in readings spent waiting for data, heavytail's
+# GPU-like step read as idle and went to threads that ran it at 1.5 steps/s).
+STEP_PATIENCE = 4
 # Threads started per process worker handed over (at least; see Handover.replace).
 HANDOVER_THREADS_PER_PROCESS = 2
 # Process workers per usable core the pool may grow to while the handover is undecided: more
@@ -98,15 +103,12 @@ class Handover:
         self.state: Literal["watch", "drain"] | None = "watch"
         self.handback: dict[int, BatchTask] = {}  # batch index -> task, for the threads
         self.readings: list[float] = []
-        # CPU seconds the loop's thread spent inside stoker's next() while watched (the
-        # iterator adds them): receiving batches is not the loop's launch phase.
-        self.own_cpu_s = 0.0
-        self.own_wall_s = 0.0  # ... and the wall seconds spent there
+        # Time the loop's thread spent inside stoker's next() while watched (the iterator
+        # counts it): receiving batches is not the loop's launch phase.
+        self.inside = InsideNext()
         self.loading_waits = loading_waits
         self._loop_seen = False
-        self.meter: GilMeter | None = GilMeter(
-            own_cpu=lambda: self.own_cpu_s, own_wall=lambda: self.own_wall_s
-        )
+        self.meter: GilMeter | None = GilMeter(own_cpu=self.inside.cpu, own_wall=self.inside.wall)
         self.meter.start()
         self._loader = weakref.ref(loader)
         self._started = started
@@ -153,9 +155,17 @@ class Handover:
         readings = self.meter.readings()
         if len(readings) < HANDOVER_READINGS:
             return None
+        loop_cpu = self.meter.loop_cpu()
+        step = self.meter.step(HANDOVER_READINGS) or self.meter.step(len(readings))
+        if (
+            step is None
+            and loop_cpu
+            and self.meter.wall(len(readings)) * LOOP_TIME_SHARE < MIN_STEP_S
+            and len(readings) < STEP_PATIENCE * HANDOVER_READINGS
+        ):
+            return None  # too short to tell an idle loop from a starved one: wait
         self.readings = readings[-HANDOVER_READINGS:]
-        loop_cpu = self.meter.loop_cpu()[-HANDOVER_READINGS:]
-        step = self.meter.step(HANDOVER_READINGS)
+        loop_cpu = loop_cpu[-HANDOVER_READINGS:]
         self.stop()
         free, why = hand_over(self.readings, loop_cpu, step, self.loading_waits)
         loader = self._loader()

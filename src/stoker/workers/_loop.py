@@ -94,6 +94,7 @@ class WorkerSpec:
     pdeathsig: bool = True
     shm_require: bool = False  # no room for a slot is an error, not the pipe (shm="require")
     spill_dir: str | None = None  # private directory under the temp dir for slots (see SlotArena)
+    nice: int = 0  # added to the process's nice value at start (see WORKER_NICE)
 
 
 def _cleanup_pool_files(prefixes: list[str]) -> None:
@@ -133,6 +134,14 @@ def _set_pdeathsig(ppid: int, prefix: list[str]) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != ppid:  # the parent died before prctl took effect
         on_parent_death(PARENT_DEATH_SIGNAL, None)
+
+
+def _lower_priority(nice: int) -> None:
+    """Add ``nice`` to this process's nice value (inherited from the training process), so that
+    the training step's threads take a core from the workers as soon as they wake."""
+    if nice > 0 and hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(nice)
 
 
 def _cap_threads(n: int) -> None:
@@ -385,6 +394,7 @@ def worker_main(
     if spec.pdeathsig:  # after torch's handlers, which include a SIGTERM one
         _set_pdeathsig(ppid, pool_files)
     _cap_threads(spec.threads)
+    _lower_priority(spec.nice)
     status.hello(spec.worker_id)
     worker: _Worker | None = None
     try:
