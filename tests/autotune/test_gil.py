@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from stoker.autotune._gil import GilMeter
+from stoker.autotune._gil import GilMeter, InsideNext
 
 # Readings of 5 wake-ups 10 ms apart: one every ~50 ms.
 PERIOD_S, WAKEUPS = 0.01, 5
@@ -95,3 +95,19 @@ def test_forget_leaves_out_the_readings_so_far_and_the_one_under_way() -> None:
         meter.close()
     # The reading under way at forget() is re-based, not kept: at most the rest come in.
     assert 1 <= len(later) <= 3, later
+
+
+def test_the_next_call_under_way_counts_as_it_goes() -> None:
+    inside = InsideNext()
+    assert inside.wall() == 0.0 and inside.cpu(123.0) == 0.0
+    inside.enter()
+    entered_cpu = time.thread_time()
+    time.sleep(0.02)
+    # Read from another thread mid-call: the wait so far is already stoker's, not the loop's.
+    assert inside.wall() >= 0.02
+    assert inside.cpu(entered_cpu + 0.005) == pytest.approx(0.005, abs=1e-3)
+    inside.leave()
+    done = inside.wall()
+    assert done >= 0.02
+    time.sleep(0.01)  # outside next(): the loop's own time, not counted
+    assert inside.wall() == done and inside.cpu(1e9) == inside.cpu(0.0)

@@ -162,10 +162,10 @@ def test_a_loop_that_launches_small_ops_keeps_its_processes(quick: None) -> None
 
 
 @measures_the_machine
-def test_a_step_computing_on_intra_op_threads_hands_over_to_threads(quick: None) -> None:
+def test_a_step_computing_on_intra_op_threads_keeps_its_processes(quick: None) -> None:
     # A CPU training step: matrix products on torch's intra-op threads (they release the GIL
-    # for milliseconds), while the samples mostly wait: thread workers only take the GIL
-    # between waits.
+    # for milliseconds) while the samples wait: processes below the step's priority leave it
+    # its cores, where threads would share them.
     if torch.get_num_threads() < 2:
         pytest.skip("needs torch's intra-op threads on two cores")
     n = 600
@@ -178,7 +178,7 @@ def test_a_step_computing_on_intra_op_threads_hands_over_to_threads(quick: None)
     assert seen == list(range(n))
     stats = loader.stats()
     notes = " | ".join(stats.notes)
-    assert stats.backend == "thread" and "computes on the CPU" in notes, notes
+    assert stats.backend == "process" and "more cores" in notes and "processes stay" in notes
     del loader
 
 

@@ -43,8 +43,6 @@ __all__ = [
     "INLINE_BATCH_S",
     "LOOP_CPU_FREE",
     "LOOP_TIME_SHARE",
-    "STEP_CPU_BOUND",
-    "STEP_PARALLEL_CORES",
     "Choice",
     "ProbeFacts",
     "decide_backend",
@@ -96,13 +94,6 @@ LOOP_CPU_FREE = 0.03
 # alone, heavytail's GPU-like step starved at start-up (2 ms of launches, a 20 ms device wait,
 # 100 ms waiting for data) read 1.6% busy and handed over to threads that ran 1.5 steps/s.
 LOOP_TIME_SHARE = 0.05
-# A training step that computes on the CPU (its thread on a CPU at least STEP_CPU_BOUND of the
-# loop's own time, torch's intra-op threads keeping at least STEP_PARALLEL_CORES more cores
-# busy) runs long ops that release the GIL: thread workers whose samples mostly wait take it
-# only briefly between waits. io with the bench's CPU step, 2-core VM: threads 45.8 steps/s,
-# SPDL's 16 threads 44.1, processes 41-42 (benchmarks/README.md).
-STEP_CPU_BOUND = 0.5
-STEP_PARALLEL_CORES = 0.5
 
 
 @dataclass(frozen=True)
@@ -250,7 +241,6 @@ def hand_over(
     gil_waits: list[float],
     loop_cpu: list[float],
     step: StepFigures | None = None,
-    loading_waits: bool = False,
 ) -> tuple[bool, str]:
     """Whether process workers started for loading that waits should hand over to threads,
     and why, from readings taken while the training loop ran.
@@ -265,14 +255,13 @@ def hand_over(
             ``next()``) on a CPU, the cores the process's other threads (torch's intra-op
             threads) kept busy in it, and that time's share of the wall time (None: not
             measured).
-        loading_waits: the probe's median sample mostly waits (not only a heavy tail).
 
-    Threads when the loop leaves the GIL free *and* either runs almost no Python or op
-    launches of its own, or computes on torch's intra-op threads while the samples mostly
-    wait: a loop that launches many small ops (the launch phase of a GPU step) gives the GIL
-    up at every op, which a sentinel reads as free, yet a thread worker takes it each time and
-    the launch phase waits for it back; a step of long ops on several cores gives it up for
-    milliseconds at a time, and threads that mostly wait take it only between waits.
+    Threads when the loop leaves the GIL free *and* runs almost no Python or op launches of
+    its own: a loop that launches many small ops (the launch phase of a GPU step) gives the
+    GIL up at every op, which a sentinel reads as free, yet a thread worker takes it each time
+    and the launch phase waits for it back. A step that computes on the CPU keeps processes
+    too: below its priority (``worker_nice``) they leave it its cores, where threads share
+    them (io's CPU step, 2-core VM: processes 47.0 steps/s, threads 43.8, benchmarks/README.md).
     """
     if not gil_waits:
         return False, "no reading of the GIL was taken: processes stay"
@@ -289,19 +278,12 @@ def hand_over(
     when = "its own time" if step is not None else "the time"
     counts = step is None or step.share >= LOOP_TIME_SHARE
     if cpu is not None and cpu >= LOOP_CPU_FREE and counts:
-        own, cores = (step.busy, step.cores) if step is not None else (0.0, 0.0)
-        if loading_waits and own >= STEP_CPU_BOUND and cores >= STEP_PARALLEL_CORES:
-            return True, (
-                f"the training step computes on the CPU (its thread busy {own:.0%} of the "
-                f"step, torch's other threads {cores:.1f} more cores) in ops that leave the GIL "
-                f"free (a waking thread waited {gil:.0%} of the switch interval for it), and "
-                "samples mostly wait: thread workers take the GIL only between waits, so "
-                "handing over to threads"
-            )
+        others = f", torch's other threads {step.cores:.1f} more cores" if step else ""
         return False, (
-            f"the training loop runs Python or launches ops {cpu:.0%} of {when} (a waking "
-            f"thread waited only {gil:.0%} of the switch interval for the GIL, which each op "
-            "gives up): thread workers would take the GIL from every launch, so processes stay"
+            f"the training loop runs Python or launches ops {cpu:.0%} of {when}{others} (a "
+            f"waking thread waited only {gil:.0%} of the switch interval for the GIL, which "
+            "each op gives up): thread workers would take the GIL from every launch and share "
+            "the cores processes leave it, so processes stay"
         )
     busy = f", its thread on a CPU {cpu:.0%} of {when}" if cpu is not None else ""
     if step is not None and step.share < LOOP_TIME_SHARE:

@@ -79,9 +79,8 @@ def choose_backend(
             there, and better while the training loop holds the GIL; and
             ``detail["wait_share"]`` to the share of the serial pass's loading time spent
             waiting (off the CPU), ``detail["batch_s"]`` to the seconds a batch took to load
-            in it, ``detail["copies"]`` to whether forked workers would copy the dataset,
-            once measured, and ``detail["loading_waits"]`` to whether its median sample
-            mostly waits.
+            in it and ``detail["copies"]`` to whether forked workers would copy the
+            dataset, once measured.
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -113,7 +112,6 @@ def choose_backend(
             wait_share=facts.waiting_all,
             batch_s=facts.batch_s,
             copies=copies,
-            loading_waits=facts.mostly_waits,
         )
     next_index = serial.next_index
     # The rounds would take the rest of the budget, hundreds of milliseconds before the first

@@ -134,9 +134,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         if Handover.wanted(settings, self._scaler, self._backend):
             assert self._scaler is not None
             running = len(self._pool.active)
-            self._handover = Handover(
-                self._scaler, running, loader, self._started, settings.loading_waits
-            )
+            self._handover = Handover(self._scaler, running, loader, self._started)
         self._ready: set[int] = set()
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)

@@ -297,7 +297,6 @@ class DataLoader(tud.DataLoader[_T_co]):
         # The probe chose threads to cover waits: the iterator starts processes and hands over
         # to threads once the training loop leaves the GIL free (stoker.loader._switch).
         self._threads_wanted = False
-        self._loading_waits = False  # ... because the median sample mostly waits
         self._inline_ahead = False  # the probe chose the main process (see stoker.loader._inline)
         # The share of loading time the probe's serial pass spent waiting (None: not probed):
         # the num_workers="auto" controller starts from it (Controller.assume_blocked).
@@ -402,7 +401,6 @@ class DataLoader(tud.DataLoader[_T_co]):
             auto_prefetch=self._auto_prefetch,
             probed_wait_share=self._probed_wait_share,
             threads_wanted=self._threads_wanted,
-            loading_waits=self._loading_waits,
             notes=tuple(self._backend_notes),
             nice=self.worker_nice,
         )
@@ -436,7 +434,6 @@ class DataLoader(tud.DataLoader[_T_co]):
             # threads once the loop is seen to leave the GIL free (see stoker.loader._switch).
             self._resolved_backend = "process"
             self._threads_wanted = True
-            self._loading_waits = bool(detail.get("loading_waits"))
             if not self._start_chosen:  # start at the watch's cap (see watch_workers)
                 self.num_workers = max(self.num_workers, watch_workers(1 << 30))
             self._backend_notes.append(

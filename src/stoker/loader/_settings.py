@@ -144,7 +144,6 @@ class WorkerSettings:
             not probed).
         threads_wanted: the probe chose threads to cover waits: processes first, handed over
             to threads once the loop leaves the GIL free (stoker.loader._switch).
-        loading_waits: the probe's median sample mostly waits (not only a heavy tail).
         notes: what resolving ``backend`` found (for ``stats().notes``).
         nice: added to process workers' nice value (``worker_nice``).
     """
@@ -162,6 +161,5 @@ class WorkerSettings:
     auto_prefetch: bool
     probed_wait_share: float | None
     threads_wanted: bool
-    loading_waits: bool
     notes: tuple[str, ...]
     nice: int = 0

@@ -88,8 +88,6 @@ class Handover:
         loader: the loader, held weakly (it holds its persistent iterator): the decision is
             kept there for later iterators.
         started: the iterator's ``time.monotonic()`` start, for the notes' time stamps.
-        loading_waits: the probe's median sample mostly waits (threads may then serve a step
-            that computes on the CPU, see :func:`~stoker.autotune._backend_rule.hand_over`).
     """
 
     def __init__(
@@ -98,7 +96,6 @@ class Handover:
         running: int,
         loader: Any,
         started: float,
-        loading_waits: bool = False,
     ) -> None:
         self.state: Literal["watch", "drain"] | None = "watch"
         self.handback: dict[int, BatchTask] = {}  # batch index -> task, for the threads
@@ -106,7 +103,6 @@ class Handover:
         # Time the loop's thread spent inside stoker's next() while watched (the iterator
         # counts it): receiving batches is not the loop's launch phase.
         self.inside = InsideNext()
-        self.loading_waits = loading_waits
         self._loop_seen = False
         self.meter: GilMeter | None = GilMeter(own_cpu=self.inside.cpu, own_wall=self.inside.wall)
         self.meter.start()
@@ -167,7 +163,7 @@ class Handover:
         self.readings = readings[-HANDOVER_READINGS:]
         loop_cpu = loop_cpu[-HANDOVER_READINGS:]
         self.stop()
-        free, why = hand_over(self.readings, loop_cpu, step, self.loading_waits)
+        free, why = hand_over(self.readings, loop_cpu, step)
         loader = self._loader()
         if loader is not None:  # decided for this loader: later iterators follow
             loader._threads_wanted = False
