@@ -88,14 +88,16 @@ def _one_cycle(k: int, ready_dir: str) -> str | None:
             indices_of(loader)
         except SampleError as exc:
             raised = type(exc).__name__
-    elif how == 3:  # a worker killed, no restarts
+    elif how == 3:  # the workers killed, no restarts
         loader = stoker.DataLoader(RandomDataset(400), **kwargs)
         try:
             for i, _ in enumerate(loader):
                 if i == 1:
-                    pid = loader.stats().workers[0].pid
-                    assert pid is not None
-                    os.kill(pid, signal.SIGKILL)
+                    # Every worker: one killed between batches holds none, and the other
+                    # could load the rest of the epoch without the death being noticed.
+                    for worker in loader.stats().workers:
+                        assert worker.pid is not None
+                        os.kill(worker.pid, signal.SIGKILL)
         except stoker.WorkerError as exc:
             raised = type(exc).__name__
     else:  # a timeout on a hung worker
