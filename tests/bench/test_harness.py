@@ -108,6 +108,25 @@ def test_bench_workload_runs_every_contender_alternately() -> None:
     assert any("run 2/2" in m for m in steps)
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_quick_mode_takes_the_workloads_quick_batch_size(quick: bool) -> None:
+    plan = _tiny_plan(repeats=1, grid_workers=(0,), peers=(), references=False)
+    workload = _workload(batch_size=32, quick_batch_size=8, samples_per_run=48)
+    result = bench_workload(workload, plan, quick=quick)
+    size = 8 if quick else 32
+    assert result.batch_size == size
+    for c in result.contenders:
+        assert c.ok and c.runs, (c.name, c.error)
+        for r in c.runs:  # 48 samples in whole batches of the size, the last one short
+            assert (r.samples, r.batches) == (48, -(-48 // size)), c.name
+
+
+def test_a_workload_rejects_a_bad_quick_batch_size() -> None:
+    for bad in (0, 2.0, "8"):
+        with pytest.raises(ConfigError, match="quick_batch_size"):
+            _workload(quick_batch_size=bad)
+
+
 def test_fixed_size_runs_and_epochs_mode() -> None:
     fixed = bench_workload(_workload(samples_per_run=96), _tiny_plan(repeats=1), quick=True)
     for c in fixed.contenders:
@@ -169,6 +188,45 @@ def test_a_timed_run_leaves_the_epochs_fill_untimed_and_its_first_batch_latency_
     # Loaded: the warm-up batch, the fill (at least the slow batch), then the timed run.
     assert dataset.loads >= bs + bs + sample.samples + bs
     assert sample.seconds < plan.fill_s  # the fill's 0.5 s are not in the timed seconds
+
+
+class Indices(Dataset[int]):
+    def __len__(self) -> int:
+        return 97
+
+    def __getitem__(self, idx: int) -> int:
+        return idx
+
+
+@pytest.mark.parametrize(
+    ("spec", "warms_up"),
+    [
+        (ContenderSpec("torch", 1), False),  # its workers restart with the timed epoch
+        (ContenderSpec("torch", 1, persistent_workers=True), True),
+        (ContenderSpec("torch", 0), True),
+        (ContenderSpec("stoker", 1), True),
+        (ContenderSpec("stoker", 1, persistent_workers=False), False),
+    ],
+    ids=lambda v: v.name if isinstance(v, ContenderSpec) else str(v),
+)
+def test_a_warm_up_that_would_not_outlast_its_epoch_is_skipped_on_the_same_sequence(
+    spec: ContenderSpec, warms_up: bool
+) -> None:
+    """Skipping a warm-up changes no sample the timed pass sees: it draws the same second
+    pass of the seeded sampler as a contender that warmed up."""
+    ideal = Ideal(cores=2, cpu_s_per_sample=0.01, wall_s_per_sample=0.01, samples=1)
+    workload = _workload(batch_size=4, make_dataset=lambda quick: Indices())
+    plan = _tiny_plan()
+    with _runs.open_run(
+        spec, Indices(), workload, plan, seed=5, run_s=plan.run_s, ideal=ideal
+    ) as opened:
+        sampler = opened.loader.sampler  # type: ignore[attr-defined]
+        assert spec.warm_up_lasts is warms_up
+        assert sampler.passes == (1 if warms_up else 0)
+        timed = [int(i) for batch in opened.loader for i in batch]
+    reference = SeededSampler(97, sampler.num_samples, seed=5, first_samples=4)
+    assert len(list(reference)) == 4  # the warm-up pass
+    assert timed == list(reference)
 
 
 def test_a_dataset_that_cannot_be_built_is_reported_not_raised() -> None:

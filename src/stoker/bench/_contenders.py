@@ -95,6 +95,18 @@ class ContenderSpec:
         return " ".join(parts)
 
     @property
+    def warm_up_lasts(self) -> bool:
+        """Whether a warm-up pass leaves the next epoch anything warm: stoker's workers (and
+        its controller) persist by default, and a loader without workers warms its dataset in
+        this process; torch's non-persistent workers, and the peers' per-epoch pools, start
+        afresh with the timed epoch, so their warm-up pass would only cost time."""
+        if self.library == "stoker":
+            return self.auto or self.persistent_workers is not False
+        if self.library == "torch":
+            return self.num_workers == 0 or bool(self.persistent_workers)
+        return False
+
+    @property
     def config(self) -> dict[str, Any]:
         return {
             "num_workers": "auto" if self.auto else self.num_workers,

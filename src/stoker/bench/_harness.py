@@ -249,7 +249,8 @@ def bench_workload(
     Args:
         workload: what to measure.
         plan: how long and how often.
-        quick: passed to ``workload.make_dataset``.
+        quick: passed to ``workload.make_dataset``; the batches then hold
+            ``workload.quick_batch_size`` samples where it is set.
         progress: called with a message and a step count as the work advances.
 
     Returns:
@@ -257,6 +258,8 @@ def bench_workload(
         ``error`` set, and a contender that fails comes back with its ``error`` set.
     """
     report = progress or (lambda message, steps: None)
+    if quick and workload.quick_batch_size is not None:
+        workload = dataclasses.replace(workload, batch_size=workload.quick_batch_size)
     if workload.runner is not None:  # it measures its own contenders (see Workload.runner)
         result: WorkloadResult = workload.runner(workload, plan, quick, report)
         return result

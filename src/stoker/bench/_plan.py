@@ -165,14 +165,23 @@ class SeededSampler(tud.Sampler[int]):
         num_samples: indices each ``iter()`` after the first yields.
         seed: base seed.
         first_samples: indices the first ``iter()`` yields. Default ``num_samples``.
+        skip_first: start at the second pass (the first ``iter()`` is the timed one).
     """
 
-    def __init__(self, n: int, num_samples: int, seed: int, first_samples: int | None = None):
+    def __init__(
+        self,
+        n: int,
+        num_samples: int,
+        seed: int,
+        first_samples: int | None = None,
+        skip_first: bool = False,
+    ):
         if n < 1:
             raise ConfigError(f"the dataset must hold at least one sample. Found: {n!r}.")
         self.n, self.num_samples, self.seed = n, num_samples, seed
         self.first_samples = num_samples if first_samples is None else first_samples
-        self._iters = 0
+        self._iters = 1 if skip_first else 0
+        self.passes = 0  # iter() calls so far
 
     def __len__(self) -> int:
         return self.first_samples if self._iters == 0 else self.num_samples
@@ -181,6 +190,7 @@ class SeededSampler(tud.Sampler[int]):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self._iters)
         left = len(self)
         self._iters += 1
+        self.passes += 1
         while left > 0:
             perm = torch.randperm(self.n, generator=gen)[:left].tolist()
             left -= len(perm)

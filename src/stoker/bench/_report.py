@@ -63,7 +63,8 @@ def _new_table(title: str, columns: tuple[str, ...]) -> Any:
 
 def _table(w: WorkloadResult) -> Any:
     table = _new_table(
-        f"[bold]{w.name}[/], loader only: {w.description} [dim]({w.duration_s:.0f} s)[/]",
+        f"[bold]{w.name}[/], loader only: {w.description}"
+        f" [dim](batch {w.batch_size}, {w.duration_s:.0f} s)[/]",
         _COLUMNS,
     )
     if w.mode == "epochs":

@@ -226,15 +226,20 @@ def open_run(
     rounds, so that the last round is not half empty). Without ``warm_up`` the run is the
     loader's first epoch (its fill then includes starting the workers). ``step`` runs on
     each warm-up batch: a training run's loader settles (``num_workers="auto"`` picks its
-    workers and backend) beside the step it will feed, not beside an idle loop.
+    workers and backend) beside the step it will feed, not beside an idle loop. A loader
+    whose warm-up would not outlast its epoch (:attr:`ContenderSpec.warm_up_lasts`: torch's
+    non-persistent workers) skips it and runs the pass the others time after theirs.
     """
     baseline = TreeMeter.children_now()
     samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal)
-    if not warm_up:
-        warmup = None
+    skipped = warm_up and warmup is not None and not spec.warm_up_lasts
+    if skipped or not warm_up:
+        warm_up, warmup = False, None
     sampler = None
     if not isinstance(dataset, tud.IterableDataset):
-        sampler = SeededSampler(len(dataset), workload.samples_per_run or samples, seed, warmup)
+        sampler = SeededSampler(
+            len(dataset), workload.samples_per_run or samples, seed, warmup, skip_first=skipped
+        )
     loader = build_loader(spec, dataset, workload.batch_size, sampler, plan.multiprocessing_context)
     time_bound = run_s if workload.samples_per_run is None else None
     hung = False

@@ -164,7 +164,7 @@ def _epochs(quick: bool) -> EpochsDataset:
 register(
     Workload(
         name="tiny",
-        description="64 int64 tokens per sample, batch 256: per-sample and per-batch overhead",
+        description="64 int64 tokens per sample: per-sample and per-batch overhead",
         make_dataset=_tiny,
         batch_size=256,
         in_quick=True,

@@ -62,6 +62,9 @@ class Workload:
             repeat), however long that takes. ``None`` (default): runs are timed instead, each
             lasting about the harness's run time (at least a few batches per worker).
         in_quick: whether ``--quick`` runs it by default.
+        quick_batch_size: samples per batch in quick mode (``None``: ``batch_size``). A
+            workload of slow samples takes a smaller batch there: every timed run lasts at
+            least two batches per worker, and jpeg's 64 kept one run of 4 workers over 4 s.
         ideal_note: how the ideal (this machine's limit) is to be read for this workload.
         ideal_is_limit: whether every loader must do the work the ideal measures (fetch and
             torch's ``default_collate``), so that it bounds them all. ``False`` where a loader
@@ -81,6 +84,7 @@ class Workload:
     epochs: int = 3
     samples_per_run: int | None = None
     in_quick: bool = False
+    quick_batch_size: int | None = None
     ideal_note: str = (
         "usable cores / single-process CPU seconds per sample (fetch + collate, measured first)"
     )
@@ -94,6 +98,12 @@ class Workload:
             )
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"`batch_size` must be an int >= 1. Found: {self.batch_size!r}.")
+        if self.quick_batch_size is not None and (
+            not isinstance(self.quick_batch_size, int) or self.quick_batch_size < 1
+        ):
+            raise ConfigError(
+                f"`quick_batch_size` must be an int >= 1 or None. Found: {self.quick_batch_size!r}."
+            )
         if self.mode not in _MODES:
             raise ConfigError(f"`mode` must be one of {_MODES}. Found: {self.mode!r}.")
         if self.epochs < 1:
