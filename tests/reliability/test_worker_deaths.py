@@ -200,6 +200,48 @@ def case_killed_from_outside(victim: int, after: int) -> dict[str, Any]:
     }
 
 
+def case_killed_between_batches(restarts: int) -> dict[str, Any]:
+    """SIGKILL a worker that holds no batch (the pipeline is full and the consumer away), then
+    let the other worker load the rest of the epoch."""
+    import stoker.loader._iterator as iterator_module
+
+    # The engine's own wait for replies, not the suite's shrunk one; and a consumer slower
+    # than the live worker (a training step), so that it finds a batch ready at each call.
+    iterator_module.WAIT_SLICE_S = 0.5
+    loader = _loader(RandomDataset(N), WORKERS, max_worker_restarts=restarts)
+    seen: list[int] = []
+    killed, idle, error = None, False, ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for k, batch in enumerate(loader):
+                seen.extend(indices_of([batch]))
+                if killed is not None:
+                    time.sleep(0.03)
+                if k == 0:
+                    deadline = time.monotonic() + 10.0
+                    while time.monotonic() < deadline and not idle:
+                        time.sleep(0.01)
+                        idle = all(w.current_indices is None for w in loader.stats().workers)
+                    killed = loader.stats().workers[0].pid
+                    assert killed is not None
+                    os.kill(killed, signal.SIGKILL)
+                    # Dead (not reaped) before the epoch goes on: the kill is asynchronous.
+                    os.waitid(os.P_PID, killed, os.WEXITED | os.WNOWAIT)
+        except stoker.WorkerError as exc:
+            error = str(exc)
+    restarts_done = loader.stats().worker_restarts
+    del loader
+    return {
+        "seen": seen,
+        "killed": killed,
+        "idle": idle,
+        "error": error,
+        "restarts": restarts_done,
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -253,6 +295,25 @@ def test_worker_killed_from_outside_is_replaced() -> None:
     assert Counter(r["second"]) == Counter(range(N))
     assert r["restarts"] == 1
     assert any("SIGKILL" in m and str(r["killed"]) in m for m in r["warnings"]), r["warnings"]
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_worker_killed_between_batches_is_noticed_while_the_others_finish(
+    restarts: int,
+) -> None:
+    """torch raises for any worker death (its SIGCHLD handler), also one that held no batch
+    while the other workers finished the epoch: so does stoker, or it restarts the worker."""
+    r = run_case(case_killed_between_batches, restarts=restarts).result
+    assert r["idle"] and r["killed"] is not None, r
+    if restarts:
+        assert not r["error"], r["error"]
+        assert Counter(r["seen"]) == Counter(range(N))
+        assert r["restarts"] == 1
+        assert any(str(r["killed"]) in m for m in r["warnings"]), r["warnings"]
+    else:
+        sentence = f"DataLoader worker (pid {r['killed']}) is killed by signal: "
+        assert sentence in r["error"], r["error"]
+        assert len(r["seen"]) == len(set(r["seen"]))
 
 
 @pytest.mark.parametrize("how", SIGNALS)

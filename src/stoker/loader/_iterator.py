@@ -60,6 +60,9 @@ __all__ = ["MultiWorkerIterator"]
 
 # Longest single wait for worker replies; between waits dead workers and timeouts are checked.
 WAIT_SLICE_S = 0.5
+# Seconds between checks for dead workers while batches keep coming: a worker killed between
+# batches holds none, and the others could finish the epoch without its death being seen.
+DEATH_CHECK_S = 0.2
 _PROTOCOL = 5
 _LIVE: weakref.WeakSet[MultiWorkerIterator] = weakref.WeakSet()
 
@@ -136,6 +139,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             running = len(self._pool.active)
             self._handover = Handover(self._scaler, running, loader, self._started)
         self._ready: set[int] = set()
+        self._next_death_check = 0.0
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
@@ -307,6 +311,7 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         book = self._ctx.book
         if self._ctx.let_go:  # the epoch goes on after all: the workers get them back
             self._redispatch_let_go()
+        self._check_deaths()
         while True:
             if self._handover is not None and self._handover.draining:
                 if self._handover.drained(book.pending()):
@@ -321,6 +326,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
                     self._control()
                 return got[0], self._replies.deliver(self._ctx, got[0], got[1], self._pool)
             if book.outstanding == 0 and self._ctx.sampler_done:
+                # A death in the epoch raises (or restarts the worker) before it ends, as
+                # torch's SIGCHLD handler would, even if the others loaded its share.
+                self._check_deaths(now=True)
                 # Every worker must have reported its setup: a worker_init_fn that fails in
                 # a worker nobody waited on must still surface (torch raises it too).
                 self._await_ready(t0)
@@ -352,11 +360,24 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             msgs = pool.receive(wait)
             for msg in msgs:
                 self._handle(msg)
+            self._check_deaths(now=not msgs)
             if msgs:
                 return
-            for worker_id, pid, code, leftovers in pool.dead():
-                for msg in leftovers:
-                    self._handle(msg)
+
+    def _check_deaths(self, now: bool = False) -> None:
+        """Act on the workers that died (at most every :data:`DEATH_CHECK_S` unless
+        ``now``): restart each, or raise its :class:`WorkerError`."""
+        t = time.monotonic()
+        if not now and t < self._next_death_check:
+            return
+        self._next_death_check = t + DEATH_CHECK_S
+        pool = self._pool
+        if pool is None or pool.closed:
+            return
+        for worker_id, pid, code, leftovers in pool.dead():
+            for msg in leftovers:
+                self._handle(msg)
+            if worker_id not in pool.retired:  # its last words may say it retired
                 self._worker_died(worker_id, pid, code)
 
     def _handle(self, msg: Reply) -> None:
