@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import time
@@ -19,15 +20,26 @@ from stoker.store import ShardCache, StoreURLError
 
 
 def _cache_bytes(cache: Path) -> int:
-    # By inode: a download renamed while the folder is listed would otherwise count twice.
+    """The cache's bytes at one instant: listed under the cache's lock, which every
+    reservation and eviction takes (listed without it, a shard evicted after it was counted
+    and the download that took its room summed to one shard over the budget, in CI)."""
+    lock = cache / "cache.lock"
+    if not lock.exists():
+        return 0
     sizes = {}
-    for p in cache.rglob("*"):
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            continue
-        if p.is_file():
-            sizes[st.st_ino] = st.st_size
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for p in cache.rglob("*"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            if p.is_file():  # by inode: a download renamed meanwhile is one file
+                sizes[st.st_ino] = st.st_size
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
     return sum(sizes.values())
 
 
