@@ -1005,3 +1005,37 @@ def test_batches_in_freshly_created_slots_do_not_size_the_prefetch_depth(monkeyp
         it._shutdown()
         del it
         gc.collect()
+
+
+def test_the_controller_takes_in_the_replies_that_arrived_before_it_measures(monkeypatch):
+    """Replies are taken in when the consumer finds no batch ready; a thread pool ahead of
+    the consumer would otherwise report a whole break's busy time in a later interval (0%
+    busy, then over 100%). When the controller measures, none is left waiting."""
+    import stoker
+
+    loader = stoker.DataLoader(
+        RangeDataset(400), batch_size=4, num_workers="auto", backend="thread"
+    )
+    it = iter(loader)
+    next(it)
+    pool, scaler = it._pool, it._scaler
+    assert pool is not None and scaler is not None and pool.kind == "thread"
+    deadline = time.monotonic() + 10.0
+    while pool.results.qsize() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the consumer away: the threads fill the pipeline
+    measured: list[float] = []
+    real_step = scaler.step
+
+    def step(pool_: Any, **kwargs: Any) -> Any:
+        measured.append(kwargs["busy_s"])
+        return real_step(pool_, **kwargs)
+
+    monkeypatch.setattr(scaler, "due", lambda: True)
+    monkeypatch.setattr(scaler, "step", step)
+    busy_before = float(sum(it._replies.worker_busy.values()))
+    it._control()
+    assert pool.results.empty()
+    assert measured and measured[0] > busy_before
+    assert sorted(int(x) for b in it for x in b) == list(range(4, 400))
+    del it
+    gc.collect()

@@ -194,6 +194,14 @@ class AutoScaler:
             main = time.thread_time()
         return total, main
 
+    def due(self) -> bool:
+        """Whether :meth:`step` measures an interval now: the caller first takes in the replies
+        that arrived, whose busy time would otherwise land in a later interval."""
+        if self._settled is None:
+            return False
+        share = FIRST_INTERVAL_SHARE if self._first else 1.0
+        return _clock() - self._last[0] >= CONTROL_INTERVAL_S * share
+
     def step(
         self,
         pool: Any,
@@ -213,7 +221,6 @@ class AutoScaler:
             on_added: called with the id of each worker started (to bring it up to date).
         """
         now = _clock()
-        t_last = self._last[0]
         if self._settled is None:
             if delivered == 0:
                 return None
@@ -224,7 +231,7 @@ class AutoScaler:
             self._idle = idle_seconds()
             self._latencies, self._blocked = [], None
             return None
-        if now - t_last < CONTROL_INTERVAL_S * (FIRST_INTERVAL_SHARE if self._first else 1.0):
+        if not self.due():
             return None
         obs = self._observe(pool, now, wait_s, busy_s, delivered)
         decision = self.controller.observe(obs)

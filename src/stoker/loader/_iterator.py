@@ -427,6 +427,12 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
         assert pool is not None and scaler is not None
         if self._draining():
             return  # the pool is about to be replaced: no workers started or retired now
+        if scaler.due():
+            # Replies are taken in only when the consumer finds no batch ready: a pool ahead
+            # of it (threads on a waiting workload) would report its busy time in bursts,
+            # reading 0% busy in one interval and over 100% in the next.
+            for msg in pool.receive(0):
+                self._handle(msg)
         t, before = time.perf_counter(), len(pool.active)
         decision = scaler.step(
             pool,
