@@ -1031,7 +1031,7 @@ def test_the_controller_takes_in_the_replies_that_arrived_before_it_measures(mon
         measured.append(kwargs["busy_s"])
         return real_step(pool_, **kwargs)
 
-    monkeypatch.setattr(scaler, "due", lambda: True)
+    monkeypatch.setattr(scaler, "due", lambda now=None: True)
     monkeypatch.setattr(scaler, "step", step)
     busy_before = float(sum(it._replies.worker_busy.values()))
     it._control()

@@ -194,13 +194,15 @@ class AutoScaler:
             main = time.thread_time()
         return total, main
 
-    def due(self) -> bool:
-        """Whether :meth:`step` measures an interval now: the caller first takes in the replies
-        that arrived, whose busy time would otherwise land in a later interval."""
+    def due(self, now: float | None = None) -> bool:
+        """Whether :meth:`step` measures an interval now (or at ``now``): the caller first
+        takes in the replies that arrived, whose busy time would otherwise land in a later
+        interval."""
         if self._settled is None:
             return False
         share = FIRST_INTERVAL_SHARE if self._first else 1.0
-        return _clock() - self._last[0] >= CONTROL_INTERVAL_S * share
+        t = _clock() if now is None else now
+        return t - self._last[0] >= CONTROL_INTERVAL_S * share
 
     def step(
         self,
@@ -231,7 +233,7 @@ class AutoScaler:
             self._idle = idle_seconds()
             self._latencies, self._blocked = [], None
             return None
-        if not self.due():
+        if not self.due(now):
             return None
         obs = self._observe(pool, now, wait_s, busy_s, delivered)
         decision = self.controller.observe(obs)

@@ -180,16 +180,15 @@ class SeededSampler(tud.Sampler[int]):
             raise ConfigError(f"the dataset must hold at least one sample. Found: {n!r}.")
         self.n, self.num_samples, self.seed = n, num_samples, seed
         self.first_samples = num_samples if first_samples is None else first_samples
-        self._iters = 1 if skip_first else 0
+        self._skip = int(skip_first)
         self.passes = 0  # iter() calls so far
 
     def __len__(self) -> int:
-        return self.first_samples if self._iters == 0 else self.num_samples
+        return self.first_samples if self.passes + self._skip == 0 else self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self._iters)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.passes + self._skip)
         left = len(self)
-        self._iters += 1
         self.passes += 1
         while left > 0:
             perm = torch.randperm(self.n, generator=gen)[:left].tolist()

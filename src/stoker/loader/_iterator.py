@@ -360,9 +360,9 @@ class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
             msgs = pool.receive(wait)
             for msg in msgs:
                 self._handle(msg)
-            self._check_deaths(now=not msgs)
             if msgs:
-                return
+                return  # (while batches come, _next_host checks for deaths)
+            self._check_deaths(now=True)
 
     def _check_deaths(self, now: bool = False) -> None:
         """Act on the workers that died (at most every :data:`DEATH_CHECK_S` unless
