@@ -21,6 +21,7 @@ from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker.faults import FailureTally
+from stoker.loader._base import StokerIterBase
 from stoker.loader._stats import LoaderStats
 from stoker.sampling._resume import EpochState, stateful, warn_fast_forward
 from stoker.sampling._seeding import CallerRandomState, batch_seed, epoch_seed, seed_all
@@ -39,7 +40,7 @@ _SKIPPED = object()  # a batch that loaded nothing (on_error="skip"): its failur
 _END = object()  # the sampler is exhausted
 
 
-class InlineIterator(_torch_dl._BaseDataLoaderIter):
+class InlineIterator(StokerIterBase):
     """Loads each batch in the calling process (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:

@@ -32,6 +32,7 @@ from stoker.autotune._scaling import AutoScaler
 from stoker.device import DeviceStage, make_stage
 from stoker.errors import WorkerError
 from stoker.faults import FailureTally
+from stoker.loader._base import StokerIterBase
 from stoker.loader._datapipes import next_epoch_seed, seeded_per_epoch, sharding_worker_init
 from stoker.loader._dispatch import TaskBook, batch_task
 from stoker.loader._epoch import DatasetChanges, EpochContext
@@ -74,7 +75,7 @@ def _shutdown_all() -> None:  # pragma: no cover - exercised by a subprocess tes
             it._shutdown()
 
 
-class MultiWorkerIterator(_torch_dl._BaseDataLoaderIter):
+class MultiWorkerIterator(StokerIterBase):
     """Iterates a loader's batches with worker processes (see the module docstring)."""
 
     def __init__(self, loader: Any) -> None:
