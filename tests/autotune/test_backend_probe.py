@@ -275,3 +275,44 @@ def test_one_held_up_sample_does_not_pass_for_the_datasets_cost() -> None:
     found = serial_pass(dataset, default_collate, 8, len(dataset), False, 1.0, (128, settled))
     assert max(found.walls) >= 0.05
     assert found.batch_s < 1e-3, found.batch_s
+
+
+class Recorded(Dataset):
+    """Records the indices read; each read takes ``pause`` seconds."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.pause = pause
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return 1_000
+
+    def __getitem__(self, i: int) -> int:
+        if self.pause:
+            import time
+
+            time.sleep(self.pause)
+        self.reads.append(i)
+        return i
+
+
+def test_the_serial_pass_warms_up_with_a_batch_of_cheap_samples_and_two_slow_ones() -> None:
+    # Cheap samples: the first batch is loaded and collated before any sample is timed (a
+    # forked child's first allocations copy its parent's pages; that is not the dataset's cost).
+    cheap = Recorded()
+    collated: list[int] = []
+
+    def collate(batch: list[int]) -> list[int]:
+        collated.append(len(batch))
+        return batch
+
+    found = serial_pass(cheap, collate, 16, len(cheap), False, 0.05, (64, settled))
+    assert collated[0] == 16
+    assert len(cheap.reads) == 16 + len(found.walls)
+    assert cheap.reads[:16] == cheap.reads[16:32]  # the timed pass starts over the same samples
+    # Slow samples: two, as the warm-up's time (WARM_UP_S) is spent by then.
+    slow = Recorded(pause=0.006)
+    collated.clear()
+    found = serial_pass(slow, collate, 16, len(slow), False, 0.05)
+    assert collated[0] == 2
+    assert len(slow.reads) == 2 + len(found.walls)

@@ -70,14 +70,16 @@ TAIL_WINDOW_S = 0.15
 # samples show, and cheap samples need not fill the pass's time (a tail rarer than one sample
 # in this many may go unseen, as it may in a pass of expensive samples).
 EARLY_SAMPLES = 128
-# A batch that loads in less than this (in the probe's forked child, which reads 1.3-1.6x the
-# main process's time: tiny 0.74-1.28 ms there, 0.48-0.77 ms in the main process) is cheaper
-# to load in the main process than to receive from a worker: receiving costs the main process
-# 0.3-0.7 ms of CPU in a tight loop, and 1-1.8 ms after a GPU-like step's wait (its caches
-# gone cold), where a group of batches loaded inline runs warm. tiny, 2-core VM: inline
+# A batch that loads in less than this in the probe's forked child (warmed up by a batch, it
+# reads about the main process's time: tiny 0.43-0.70 ms; see _probe_passes.WARM_UP_S) is
+# cheaper to load in the main process than to receive from a worker: receiving costs the main
+# process 0.3-0.7 ms of CPU in a tight loop, and 1-1.8 ms after a GPU-like step's wait (its
+# caches gone cold), where a group of batches loaded inline runs warm. tiny, 2-core VM: inline
 # against 2-3 process workers, GPU-like step 42.4 against 39.9 steps/s (torch without workers
-# 41-42), CPU step 146 against 115 (benchmarks/README.md). 0.3 ms left tiny on processes.
-INLINE_BATCH_S = 1.5e-3
+# 41-42), CPU step 146 against 115 (benchmarks/README.md). Set where the child used to read
+# 1.5 ms with two samples of warm-up (1.3-1.6x the main process's time then); the margin over
+# tiny's reading is for a machine that runs slower than when it was measured.
+INLINE_BATCH_S = 1.2e-3
 # Private bytes per sample read above which forked workers are said to copy the dataset
 # (a Python object read in a random order dirties about one 4 KiB page).
 COW_BYTES_PER_SAMPLE = 1024

@@ -33,6 +33,12 @@ COW_CONTAINER_BYTES = 16 * 2**20
 PROBE_DEADLINE_S = 10.0
 # Most samples the serial pass loads.
 MAX_SAMPLES = 4096
+# The serial pass first loads and collates a batch, for at most this long (two samples at
+# least): a forked child's first allocations copy the pages it shares with its parent, which
+# the main process never pays. With two samples of warm-up, tiny's batch read 0.85-1.38 ms in
+# a child forked from the bench's process (0.80-0.88 ms from a fresh one) and crossed
+# INLINE_BATCH_S in some runs; with a batch, 0.43-0.70 ms.
+WARM_UP_S = 0.01
 # Samples between two checks of whether the serial pass may stop early.
 EARLY_CHECK_EVERY = 32
 # After a sample that took this long, the next one's run-queue delay is read too (a read of
@@ -208,6 +214,18 @@ class SerialPass:
         return max(0.0, 1.0 - (sum(self.cpus) + self.queued) / serial) if serial > 0 else 0.0
 
 
+def _warm_up(dataset: Any, collate_fn: Any, indices: list[int], seconds: float) -> None:
+    """Load and collate a batch (two samples at least, more while ``seconds`` last) before
+    the timed samples: first-use costs are not the dataset's (see :data:`WARM_UP_S`)."""
+    t0 = time.perf_counter()
+    batch = []
+    for k, i in enumerate(indices):
+        if k >= 2 and time.perf_counter() - t0 > seconds:
+            break
+        batch.append(dataset[i])
+    collate_fn(batch)
+
+
 def serial_pass(
     dataset: Any,
     collate_fn: Any,
@@ -225,8 +243,7 @@ def serial_pass(
     ``settled(waiting, waiting_all, copied)`` (the figures so far, see :class:`SerialPass`)
     says more would not change the answer."""
     order = [(k * _STRIDE) % n for k in range(min(n, MAX_SAMPLES))]
-    for i in order[: min(len(order), 2)]:  # warm-up: first-use costs are not the dataset's
-        collate_fn([dataset[i]])
+    _warm_up(dataset, collate_fn, order[:size], min(WARM_UP_S, seconds / 4))
     shared0 = shared_dirty_bytes() if forked else None
     walls: list[float] = []
     cpus: list[float] = []
