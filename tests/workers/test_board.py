@@ -36,6 +36,21 @@ def test_runs_come_from_the_oldest_batch_by_epoch_then_index() -> None:
     assert keys == [(0, 3), (0, 3), (0, 5), (0, 5), (1, 0), (1, 0)]
 
 
+def test_samples_given_back_by_an_older_batch_are_claimed_before_newer_batches() -> None:
+    board = Board()
+    board.pace = 1e-4  # whole batches per claim
+    board.open(_task(0, 0, 4), _never)
+    older, _, _ = board.claim() or (None, 0, 0)  # fully claimed: off the board
+    board.open(_task(0, 1, 4), _never)
+    board.open(_task(0, 2, 4), _never)
+    assert older is not None
+    board.give_back(older, 2, 4)  # back on the board, ahead of the newer two
+    keys = []
+    while (claimed := board.claim()) is not None:
+        keys.append((claimed[0].key, claimed[1:]))
+    assert keys == [((0, 0), (2, 4)), ((0, 1), (0, 4)), ((0, 2), (0, 4))]
+
+
 def test_run_length_follows_the_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_fetch, "STOP_CHECK_S", 0.001)
     assert run_length(0.0) == 1  # unknown pace: one sample

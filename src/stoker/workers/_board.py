@@ -21,6 +21,7 @@ would load the rest of the batch alone, and a given-up epoch or a shutdown would
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -85,7 +86,8 @@ class Board:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: list[OpenBatch] = []  # batches with samples no thread has claimed
+        # Batches with samples no thread has claimed, oldest first (claimed from the front).
+        self._open: list[OpenBatch] = []
         self.pace = 0.0  # seconds per sample, recent runs weighted most
         self.idle = 0  # threads waiting for a task (they can be woken to help)
 
@@ -93,8 +95,15 @@ class Board:
         """Put a task on the board; returns it (empty batches too: claiming closes them)."""
         batch = OpenBatch(task, stop)
         with self._lock:
-            self._open.append(batch)
+            self._insert(batch)
         return batch
+
+    def _insert(self, batch: OpenBatch) -> None:
+        # Tasks are opened in about the order they were sent: nearly always at the end.
+        if self._open and self._open[-1].key > batch.key:
+            bisect.insort(self._open, batch, key=_key)
+        else:
+            self._open.append(batch)
 
     def waiting(self, delta: int) -> None:
         """A thread starts (+1) or stops (-1) waiting for a task."""
@@ -107,7 +116,7 @@ class Board:
         with self._lock:
             if not self._open:
                 return None
-            batch = min(self._open, key=lambda b: b.key)
+            batch = self._open[0]
             size = len(batch.index)
             run = run_length(self.pace)
             if batch.returned:
@@ -119,7 +128,7 @@ class Board:
                 start = batch.next
                 stop = batch.next = min(size, start + run)
             if batch.next >= size and not batch.returned:
-                self._open.remove(batch)
+                del self._open[0]
             return batch, start, stop
 
     def give_back(self, batch: OpenBatch, start: int, stop: int) -> None:
@@ -132,7 +141,7 @@ class Board:
                 return
             batch.returned.append((start, stop))
             if batch not in self._open:
-                self._open.append(batch)
+                self._insert(batch)
 
     def finish(
         self, batch: OpenBatch, start: int, parts: list[Any], seconds: float, worker_id: int
@@ -167,6 +176,10 @@ class Board:
     def add_span(self, batch: OpenBatch, span: tuple[float, float]) -> None:
         with self._lock:
             batch.spans.append(span)
+
+
+def _key(batch: OpenBatch) -> tuple[int, int]:
+    return batch.key
 
 
 def run_length(pace: float) -> int:
