@@ -22,6 +22,7 @@ would load the rest of the batch alone, and a given-up epoch or a shutdown would
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = ["RUN_LIMIT_S", "Board", "OpenBatch", "run_length"]
 _PACE_WEIGHT = 0.25
 # A run still loading after this long ends short and gives its other samples back.
 RUN_LIMIT_S = 10 * _fetch.STOP_CHECK_S
+# Open batches are kept oldest first: by epoch, then task index.
+_BY_AGE = operator.attrgetter("key")
 
 
 class OpenBatch:
@@ -99,11 +102,7 @@ class Board:
         return batch
 
     def _insert(self, batch: OpenBatch) -> None:
-        # Tasks are opened in about the order they were sent: nearly always at the end.
-        if self._open and self._open[-1].key > batch.key:
-            bisect.insort(self._open, batch, key=_key)
-        else:
-            self._open.append(batch)
+        bisect.insort(self._open, batch, key=_BY_AGE)
 
     def waiting(self, delta: int) -> None:
         """A thread starts (+1) or stops (-1) waiting for a task."""
@@ -176,10 +175,6 @@ class Board:
     def add_span(self, batch: OpenBatch, span: tuple[float, float]) -> None:
         with self._lock:
             batch.spans.append(span)
-
-
-def _key(batch: OpenBatch) -> tuple[int, int]:
-    return batch.key
 
 
 def run_length(pace: float) -> int:
