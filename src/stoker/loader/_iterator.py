@@ -36,6 +36,7 @@ from stoker.loader._base import StokerIterBase
 from stoker.loader._datapipes import next_epoch_seed, seeded_per_epoch, sharding_worker_init
 from stoker.loader._dispatch import TaskBook, batch_task
 from stoker.loader._epoch import DatasetChanges, EpochContext
+from stoker.loader._openmp import spin_watch
 from stoker.loader._recovery import Supervisor
 from stoker.loader._replies import ReplyHandler, worker_stats
 from stoker.loader._start import (
@@ -141,6 +142,8 @@ class MultiWorkerIterator(StokerIterBase):
             self._handover = Handover(self._scaler, running, loader, self._started)
         self._ready: set[int] = set()
         self._next_death_check = 0.0
+        me = weakref.ref(self)  # no cycle: the iterator's collection shuts its workers down
+        self._spin = spin_watch(lambda: getattr(me(), "_pool", None))  # see loader._openmp
         _LIVE.add(self)
         self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
@@ -325,6 +328,8 @@ class MultiWorkerIterator(StokerIterBase):
                 self._ctx.wait_s += time.perf_counter() - t0
                 if self._scaler is not None:
                     self._control()
+                if self._spin is not None:
+                    self._poll_spin()
                 return got[0], self._replies.deliver(self._ctx, got[0], got[1], self._pool)
             if book.outstanding == 0 and self._ctx.sampler_done:
                 # A death in the epoch raises (or restarts the worker) before it ends, as
@@ -451,6 +456,12 @@ class MultiWorkerIterator(StokerIterBase):
         self._workers = pool.processes
         self._fill()
 
+    def _poll_spin(self) -> None:
+        assert self._spin is not None
+        note = self._spin.poll()
+        if note is not None:
+            self._notes.append(f"{time.monotonic() - self._started:.1f}s: {note}")
+
     def _draining(self) -> bool:
         """Decided for threads: dispatch waits until the processes hold no batch."""
         return self._handover is not None and self._handover.draining
@@ -510,6 +521,9 @@ class MultiWorkerIterator(StokerIterBase):
             self._device_stage.close()  # no slot is unmapped or refilled under a copy
         if self._handover is not None:
             self._handover.stop()
+        spin = getattr(self, "_spin", None)  # (absent if __init__ failed before it)
+        if spin is not None:
+            spin.close()
         pool = self._pool
         if pool is not None and not pool.closed:
             pool.shutdown()

@@ -1,0 +1,276 @@
+"""Keep the training step's OpenMP threads from spinning on the cores stoker's workers load on.
+
+torch's CPU ops run on an OpenMP team (libgomp in torch's Linux wheels). A team thread that
+finishes its share of an op, or the last op of a step, spins on the CPU before it sleeps:
+300,000 pause instructions by default, milliseconds, unless libgomp counts more OpenMP
+threads than CPUs, when it spins 1,000 times (documented with ``GOMP_SPINCOUNT``). libgomp
+counts only its own threads, so a step whose team fills the cores spins at full length beside
+worker processes that need those cores: at nice 19 the workers lose the core to the spinning
+thread outright. The bench's CPU step on heavytail (2-core VM, 8 process workers, prefetch 4)
+used 18-24 ms of main-process CPU a step against 11.5 ms fed from memory, and ran 18.9-22.4
+steps/s where torchdata.nodes ran 22-23; with libgomp's spinning throttled, 10.6-12.2 ms and
+21.8-26.3 steps/s (benchmarks/README.md).
+
+While process workers use cores the step's team would otherwise have to itself (their CPU over
+an interval, plus the step's threads, is more than the cores), a stoker thread joins one
+OpenMP team of its own and keeps it: libgomp then counts more threads than CPUs and throttles
+every team's spinning, the step's included. When the workers go quiet the thread exits and
+libgomp frees its team (spinning at full length again: an uncontended step runs up to 30%
+faster spinning). Nothing of torch's is changed: no thread count, no environment. A user who
+set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` chose the spinning, and is left alone; so is a
+torch on another OpenMP runtime or thread pool. ``STOKER_OPENMP_THROTTLE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from stoker._introspect.platform import usable_cores
+from stoker.workers import WorkerPool
+from stoker.workers._process import worker_pid
+
+__all__ = [
+    "ENGAGE_CORES",
+    "ENV_OFF",
+    "FORM_LIMIT_S",
+    "INTERVAL_S",
+    "RELEASE_CORES",
+    "SpinWatch",
+    "openmp_library",
+    "spin_watch",
+    "throttle_held",
+]
+
+# The workers' CPU (cores, over an interval) beyond what the cores leave free of the step's
+# team that engages the throttle, and under which it is let go (apart, so that a reading near
+# one figure does not start and stop the thread at every interval).
+ENGAGE_CORES = 0.5
+RELEASE_CORES = 0.25
+# Longest wait for the throttling team to form (it takes microseconds).
+FORM_LIMIT_S = 1.0
+# How often the workers' CPU is read (from the consumer's next(): no thread of its own).
+INTERVAL_S = 0.5
+# Set to "0" to leave libgomp's spinning as it is.
+ENV_OFF = "STOKER_OPENMP_THROTTLE"
+# Set by the user, these say how OpenMP threads should wait: stoker does not overrule them.
+_USER_POLICY = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+@functools.cache
+def openmp_library() -> ctypes.CDLL | None:
+    """libgomp as torch loaded it (its own copy in torch's wheels), or None: torch's ops run
+    on another thread pool or OpenMP runtime, or this is not Linux."""
+    import torch
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split()[-1] for line in maps if "libgomp" in line}
+    except OSError:
+        return None
+    home = os.path.dirname(torch.__file__)
+    for path in sorted(paths, key=lambda p: (not p.startswith(home), p)):  # torch's own first
+        if not os.path.basename(path).startswith("libgomp"):
+            continue
+        try:
+            lib = ctypes.CDLL(path)  # already mapped: the same library, not a second copy
+            # GOMP_parallel(fn, data, num_threads, flags): what `#pragma omp parallel` becomes
+            ptr, uint = ctypes.c_void_p, ctypes.c_uint
+            lib.GOMP_parallel.argtypes = (ptr, ptr, uint, uint)
+            lib.GOMP_parallel.restype = None
+        except (OSError, AttributeError):
+            continue
+        return lib
+    return None
+
+
+class _Throttle:
+    """The process's one throttling thread, held while any :class:`SpinWatch` wants it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._release: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._holders > 0
+
+    def acquire(self, lib: ctypes.CDLL, team: int) -> None:
+        with self._lock:
+            self._holders += 1
+            if self._holders > 1:
+                return
+            release = self._release = threading.Event()
+            formed = threading.Event()
+            # Each thread of the team calls free(NULL), which does nothing: the team exists
+            # only to be counted.
+            noop = ctypes.cast(ctypes.CDLL(None).free, ctypes.c_void_p).value
+
+            def hold() -> None:
+                lib.GOMP_parallel(noop, None, team, 0)
+                formed.set()
+                release.wait()  # on return libgomp frees this thread's team
+
+            self._thread = threading.Thread(target=hold, name="stoker-openmp-throttle", daemon=True)
+            self._thread.start()
+            formed.wait(FORM_LIMIT_S)  # in effect once it returns (a team starts in microseconds)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                return
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            release, thread = self._release, self._thread
+            self._release = self._thread = None
+        if release is not None:
+            release.set()
+        if thread is not None:
+            thread.join()
+
+
+_THROTTLE = _Throttle()
+
+
+def throttle_held() -> bool:
+    """Whether a stoker thread holds libgomp's spinning throttled now."""
+    return _THROTTLE.held
+
+
+def _team_size(step_threads: int) -> int:
+    """Threads for the throttling team: libgomp counts the initial thread once, and each
+    team's other threads; with the step's team it must count more than the CPUs it found."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(2, cpus - step_threads + 2)
+
+
+class SpinWatch:
+    """Reads the workers' CPU from the consumer's ``next()`` and holds the throttle while they
+    compete with the step's OpenMP team for the cores.
+
+    Args:
+        workers_cpu: CPU seconds the workers used so far (None: unknown, as for threads).
+        cores: the usable cores (affinity and quota).
+        step_threads: torch's intra-op threads for the step (read at each interval).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        workers_cpu: Callable[[], float | None],
+        cores: Callable[[], int],
+        step_threads: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._workers_cpu = workers_cpu
+        self._cores = cores
+        self._step_threads = step_threads
+        self._clock = clock
+        self._last: tuple[float, float] | None = None
+        self.engaged = False
+
+    @staticmethod
+    def wanted() -> bool:
+        """Whether a watch could act here: libgomp under torch, and no user choice to keep."""
+        if os.environ.get(ENV_OFF, "1") == "0":
+            return False
+        if any(var in os.environ for var in _USER_POLICY):
+            return False
+        return openmp_library() is not None
+
+    def poll(self) -> str | None:
+        """Measure an interval once :data:`INTERVAL_S` has passed; engage or let go of the
+        throttle. Returns a note when it did either."""
+        now = self._clock()
+        last = self._last
+        if last is not None and now - last[0] < INTERVAL_S:
+            return None
+        cpu = self._workers_cpu()
+        if cpu is None:
+            self._last = None
+            return self._let_go("the workers' CPU is not measured")
+        self._last = (now, cpu)
+        if last is None or now <= last[0]:
+            return None
+        workers = max(0.0, cpu - last[1]) / (now - last[0])
+        threads = self._step_threads()
+        excess = threads + workers - self._cores()  # cores the step's team must share
+        if not self.engaged and threads > 1 and excess >= ENGAGE_CORES:
+            lib = openmp_library()
+            if lib is None:
+                return None
+            _THROTTLE.acquire(lib, _team_size(threads))
+            self.engaged = True
+            return (
+                f"workers used {workers:.1f} cores beside the step's {threads} OpenMP threads "
+                f"on {self._cores()} cores: libgomp's spinning throttled"
+            )
+        if self.engaged and (threads <= 1 or excess < RELEASE_CORES):
+            return self._let_go(f"workers used {workers:.1f} cores")
+        return None
+
+    def _let_go(self, why: str) -> str | None:
+        if not self.engaged:
+            return None
+        self.engaged = False
+        _THROTTLE.release()
+        return f"{why}: libgomp's spinning left as it was"
+
+    def close(self) -> None:
+        """Let go of the throttle (the iterator shut down)."""
+        self._let_go("closed")
+
+
+class _ProcessWorkersCpu:
+    """CPU seconds the pool's process workers used so far, summed as each was last read (a
+    worker that retired or started keeps the sum rising); None for thread workers, whose CPU
+    is the step's process's own."""
+
+    def __init__(self, pool: Callable[[], Any]) -> None:
+        self._pool = pool
+        self._procs: dict[int, tuple[psutil.Process, float]] = {}  # pid -> (it, CPU read)
+        self._total = 0.0
+
+    def __call__(self) -> float | None:
+        pool = self._pool()
+        if not isinstance(pool, WorkerPool) or pool.closed:
+            return None
+        seen: dict[int, tuple[psutil.Process, float]] = {}
+        for i in pool.active:
+            pid = worker_pid(pool.processes[i])
+            if pid is None:
+                continue
+            proc, before = self._procs.get(pid, (None, 0.0))
+            try:
+                if proc is None:
+                    proc = psutil.Process(pid)
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            now = t.user + t.system
+            self._total += max(0.0, now - before)
+            seen[pid] = (proc, now)
+        self._procs = seen
+        return self._total
+
+
+def spin_watch(pool: Callable[[], Any]) -> SpinWatch | None:
+    """A watch over the process workers of ``pool()`` (the iterator's current pool), or None
+    where it could not act (see :meth:`SpinWatch.wanted`)."""
+    if not SpinWatch.wanted():
+        return None
+    import torch
+
+    return SpinWatch(_ProcessWorkersCpu(pool), usable_cores, torch.get_num_threads)
