@@ -205,3 +205,21 @@ def test_held_throttle_stops_the_teams_spinning_and_its_release_frees_its_team()
     # Unthrottled, the team's other thread spins 300,000 times after the op (ms); throttled,
     # 1,000 times, then sleeps (the best of five sleeps each).
     assert throttled * 4 < free, (free, throttled)
+
+
+@needs_libgomp
+def test_a_forked_child_starts_unheld() -> None:
+    readings = Readings()
+    watch = _watch(readings)
+    try:
+        watch.poll()
+        readings.advance(INTERVAL_S, cores=2.0)
+        assert watch.poll() is not None and throttle_held()
+        pid = os.fork()
+        if pid == 0:  # the child: only the forking thread was copied, no throttling thread
+            os._exit(0 if not throttle_held() and not _throttle_threads() else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert throttle_held()  # the parent's is untouched
+    finally:
+        watch.close()

@@ -144,8 +144,19 @@ class _Throttle:
 _THROTTLE = _Throttle()
 
 
+def _forget_in_child() -> None:
+    """A forked child has no throttling thread (only the forking thread is copied), and
+    libgomp's teams are not the child's to count on: it starts unthrottled and unheld."""
+    global _THROTTLE
+    _THROTTLE = _Throttle()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def throttle_held() -> bool:
-    """Whether a stoker thread holds libgomp's spinning throttled now."""
+    """Whether a stoker thread of this process holds libgomp's spinning throttled now."""
     return _THROTTLE.held
 
 
