@@ -107,7 +107,7 @@ def test_unmeasured_workers_let_it_go_and_two_watches_share_one_thread() -> None
             readings.advance(INTERVAL_S, cores=ENGAGE_CORES + 1)
             assert watch.poll() is not None
         assert len(_throttle_threads()) == 1
-        second.cpu = None  # b's pool became threads: their CPU is the step's process's own
+        second.cpu = None  # b's pool closed: nothing to read
         second.advance(INTERVAL_S, cores=0)
         assert b.poll() is not None and not b.engaged
         assert throttle_held()  # a still holds it
@@ -127,11 +127,12 @@ def test_a_users_wait_policy_or_the_switch_turns_it_off(monkeypatch: pytest.Monk
 
 @needs_libgomp
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="a step team needs two threads")
-def test_busy_process_workers_throttle_the_loops_spinning_until_shut_down(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_busy_workers_throttle_the_loops_spinning_until_shut_down(
+    backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_openmp, "INTERVAL_S", 0.05)
-    loader = stoker.DataLoader(BusyDataset(), batch_size=4, num_workers=2, backend="process")
+    loader = stoker.DataLoader(BusyDataset(), batch_size=4, num_workers=2, backend=backend)
     it = iter(loader)
     try:
         end = time.monotonic() + 0.8

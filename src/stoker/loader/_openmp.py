@@ -11,14 +11,15 @@ used 18-24 ms of main-process CPU a step against 11.5 ms fed from memory, and ra
 steps/s where torchdata.nodes ran 22-23; with libgomp's spinning throttled, 10.6-12.2 ms and
 21.8-26.3 steps/s (benchmarks/README.md).
 
-While process workers use cores the step's team would otherwise have to itself (their CPU over
-an interval, plus the step's threads, is more than the cores), a stoker thread joins one
-OpenMP team of its own and keeps it: libgomp then counts more threads than CPUs and throttles
-every team's spinning, the step's included. When the workers go quiet the thread exits and
-libgomp frees its team (spinning at full length again: an uncontended step runs up to 30%
-faster spinning). Nothing of torch's is changed: no thread count, no environment. A user who
-set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` chose the spinning, and is left alone; so is a
-torch on another OpenMP runtime or thread pool. ``STOKER_OPENMP_THROTTLE=0`` turns it off.
+While workers (processes, or threads on their own CPU clocks) use cores the step's team would
+have to itself (their CPU over an interval, plus the step's threads, is more than the cores),
+a stoker thread joins one OpenMP team of its own and keeps it: libgomp then counts more
+threads than CPUs and throttles every team's spinning, the step's included. When the workers
+go quiet the thread exits and libgomp frees its team, and spins at full length again (an
+uncontended CPU step ran 25-30% faster spinning). Nothing of torch's is changed: no thread
+count, no environment. A user who set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` chose the
+spinning, and is left alone; so is a torch on another OpenMP runtime or thread pool.
+``STOKER_OPENMP_THROTTLE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class SpinWatch:
     compete with the step's OpenMP team for the cores.
 
     Args:
-        workers_cpu: CPU seconds the workers used so far (None: unknown, as for threads).
+        workers_cpu: CPU seconds the workers used so far (None: unknown, or no pool).
         cores: the usable cores (affinity and quota).
         step_threads: torch's intra-op threads for the step (read at each interval).
         clock: monotonic seconds.
@@ -244,44 +245,66 @@ class SpinWatch:
         self._let_go("closed")
 
 
-class _ProcessWorkersCpu:
-    """CPU seconds the pool's process workers used so far, summed as each was last read (a
-    worker that retired or started keeps the sum rising); None for thread workers, whose CPU
-    is the step's process's own."""
+def _process_cpu(worker: Any, known: dict[Any, Any]) -> tuple[Any, float] | None:
+    """(key, CPU seconds) of a process worker (``known`` caches its psutil handle)."""
+    pid = worker_pid(worker)
+    if pid is None:
+        return None
+    proc = known.get(pid)
+    if proc is None:
+        proc = known[pid] = psutil.Process(pid)
+    t = proc.cpu_times()
+    return pid, t.user + t.system
+
+
+def _thread_cpu(worker: Any, known: dict[Any, Any]) -> tuple[Any, float] | None:
+    """(key, CPU seconds) of a thread worker, on its own CPU clock."""
+    ident = worker.ident
+    if ident is None or not worker.is_alive():
+        return None
+    return ident, time.clock_gettime(time.pthread_getcpuclockid(ident))
+
+
+class _WorkersCpu:
+    """CPU seconds the pool's workers used so far, summed as each was last read (a worker that
+    retired or started keeps the sum rising); None where it cannot be read."""
 
     def __init__(self, pool: Callable[[], Any]) -> None:
         self._pool = pool
-        self._procs: dict[int, tuple[psutil.Process, float]] = {}  # pid -> (it, CPU read)
+        self._handles: dict[Any, Any] = {}  # pid -> psutil.Process
+        self._last: dict[Any, float] = {}  # pid or thread ident -> CPU seconds last read
         self._total = 0.0
 
     def __call__(self) -> float | None:
         pool = self._pool()
-        if not isinstance(pool, WorkerPool) or pool.closed:
+        if pool is None or pool.closed:
             return None
-        seen: dict[int, tuple[psutil.Process, float]] = {}
+        if isinstance(pool, WorkerPool):
+            read = _process_cpu
+        elif hasattr(time, "pthread_getcpuclockid"):
+            read = _thread_cpu
+        else:
+            return None
+        seen: dict[Any, float] = {}
         for i in pool.active:
-            pid = worker_pid(pool.processes[i])
-            if pid is None:
-                continue
-            proc, before = self._procs.get(pid, (None, 0.0))
             try:
-                if proc is None:
-                    proc = psutil.Process(pid)
-                t = proc.cpu_times()
-            except psutil.Error:
+                got = read(pool.processes[i], self._handles)
+            except (psutil.Error, OSError):
                 continue
-            now = t.user + t.system
-            self._total += max(0.0, now - before)
-            seen[pid] = (proc, now)
-        self._procs = seen
+            if got is not None:
+                key, now = got
+                self._total += max(0.0, now - self._last.get(key, 0.0))
+                seen[key] = now
+        self._last = seen
+        self._handles = {k: v for k, v in self._handles.items() if k in seen}
         return self._total
 
 
 def spin_watch(pool: Callable[[], Any]) -> SpinWatch | None:
-    """A watch over the process workers of ``pool()`` (the iterator's current pool), or None
-    where it could not act (see :meth:`SpinWatch.wanted`)."""
+    """A watch over the workers of ``pool()`` (the iterator's current pool: processes or
+    threads), or None where it could not act (see :meth:`SpinWatch.wanted`)."""
     if not SpinWatch.wanted():
         return None
     import torch
 
-    return SpinWatch(_ProcessWorkersCpu(pool), usable_cores, torch.get_num_threads)
+    return SpinWatch(_WorkersCpu(pool), usable_cores, torch.get_num_threads)
