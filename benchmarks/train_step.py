@@ -10,15 +10,20 @@ round's figure), the step's own time and the wait for data per step, and where a
 loader ended (backend and workers).
 
 Contenders: those of ``_common.contender`` (``auto``, ``auto:thread``, ``torchN[:P]``,
-``stokerN``, ``process:N``, ``thread:N``, ``spdlN``, ``torchdataN[:P]``).
+``stokerN``, ``process:N``, ``thread:N``, ``spdlN``, ``torchdataN[:P]``); a stoker contender
+named with ``+spin`` (``auto+spin``) runs with ``STOKER_OPENMP_THROTTLE=0``, libgomp's
+spinning left as it is (see ``stoker/loader/_openmp.py``).
 
 Run: ``python benchmarks/train_step.py io auto spdl16 torchdata8:4 --shape cpu``
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 from _common import contender, contenders_parser, endless_sampler, open_workload
@@ -27,6 +32,25 @@ import stoker
 from stoker.bench._contenders import close_loader
 from stoker.bench._train import SHAPES, make_step, memory_batches, train_loop
 from stoker.bench._train_result import TrainSample
+
+SPINNING = "+spin"
+
+
+@contextlib.contextmanager
+def spinning(on: bool) -> Iterator[None]:
+    """``STOKER_OPENMP_THROTTLE=0`` while ``on`` (read when an iterator starts)."""
+    if not on:
+        yield
+        return
+    before = os.environ.get("STOKER_OPENMP_THROTTLE")
+    os.environ["STOKER_OPENMP_THROTTLE"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["STOKER_OPENMP_THROTTLE"]
+        else:
+            os.environ["STOKER_OPENMP_THROTTLE"] = before
 
 
 def one_round(loader: Any, step: Any, settle: float, seconds: float) -> tuple[TrainSample, str]:
@@ -66,8 +90,10 @@ def main() -> None:
                 results[name].append((sample, ""))
             else:
                 sampler = endless_sampler(dataset)
-                loader = contender(name, dataset, workload.batch_size, sampler)
-                results[name].append(one_round(loader, step, args.settle, args.seconds))
+                base = name.removesuffix(SPINNING)
+                loader = contender(base, dataset, workload.batch_size, sampler)
+                with spinning(base != name):
+                    results[name].append(one_round(loader, step, args.settle, args.seconds))
     print(f"{args.workload}, {args.shape} step ({SHAPES[args.shape]}); {args.rounds} rounds")
     for name, runs in results.items():
         rates = [s.steps / s.seconds for s, _ in runs]
