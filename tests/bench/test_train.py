@@ -183,3 +183,37 @@ def test_a_training_runs_loader_settles_beside_the_step_it_feeds() -> None:
     with open_run(spec, data, w, plan, seed=1, run_s=0.05, ideal=ideal, step=stepped.append):
         warmed = len(stepped)
     assert warmed >= 1  # the warm-up batches went through the step
+
+
+@pytest.mark.parametrize(
+    ("spec_args", "ended"),
+    [(("stoker", 0), "inline"), (("stoker", 2), "process:2"), (("torch", 2), None)],
+)
+def test_a_training_run_records_where_a_stoker_loader_ended(
+    spec_args: tuple[str, int], ended: str | None
+) -> None:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from stoker.bench._contenders import ContenderSpec
+    from stoker.bench._plan import Plan
+    from stoker.bench._stats import Ideal
+    from stoker.bench._train import _train_run
+    from stoker.bench._workloads import Workload
+
+    data = TensorDataset(torch.arange(512, dtype=torch.float32))
+    w = Workload(name="w", description="d", make_dataset=lambda quick: data, batch_size=8)
+    plan = Plan(
+        repeats=1, run_s=0.05, warmup_s=0.05, grid_run_s=0.05, ideal_s=0.05,
+        grid_workers=(0,), grid_prefetch=(2,), grid_note="", stoker_workers=0, cores=2,
+        auto_settle_s=0.05, train_run_s=0.05, fill_s=0.0,
+    )  # fmt: skip
+    ideal = Ideal(cores=2, cpu_s_per_sample=1e-4, wall_s_per_sample=1e-4, samples=10, note="")
+    spec = ContenderSpec(*spec_args)
+    sample = _train_run(spec, data, w, plan, lambda batch: None, seed=1, ideal=ideal)
+    assert sample.steps >= 2 and sample.ended == ended
+    # The JSON document holds each run as vars(sample) and reads it back as TrainSample(**run);
+    # a document written before `ended` existed reads as None.
+    assert TrainSample(**json.loads(json.dumps(vars(sample)))) == sample
+    old = {k: v for k, v in vars(sample).items() if k != "ended"}
+    assert TrainSample(**old).ended is None

@@ -26,7 +26,8 @@ JSON schema ``stoker.bench/1`` (``stoker bench --json out.json``)::
                    "contenders": [{"name": ..., "library": ..., "roles": [...],
                                    "config": {...}, "error": null,
                                    "runs": [{"seconds": ..., "steps": ..., "wait_s": ...,
-                                             "step_s": ...}, ...]}, ...]}, ...],
+                                             "step_s": ..., "ended": "process:8"}, ...]},
+                                  ...]}, ...],   # ended: a stoker loader's end state
         "ramps": [{"start_workers": 1, "seconds": 10.0, "reference_samples_per_s": ...,
                    "reach_s": 1.2, "epoch_s": 48.1, "share_of_epoch": 0.025,
                    "final_workers": 24, "backend": "thread", "decisions": ["..."],

@@ -17,6 +17,7 @@ the step is read.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -189,11 +190,22 @@ def _train_run(
             sample = train_loop(
                 it, step, seconds=plan.train_run_s, min_steps=max(2, run.min_batches)
             )
+            ended = _ended(run.loader)
         finally:
             del it
     if sample is None:
         raise RuntimeError("the loader yielded no batch for the training step")
-    return sample
+    return dataclasses.replace(sample, ended=ended)
+
+
+def _ended(loader: Any) -> str | None:
+    """Where a stoker loader stands (see :attr:`TrainSample.ended`); None for others."""
+    from stoker.loader._loader import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        return None
+    stats = loader.stats()
+    return "inline" if stats.backend == "inline" else f"{stats.backend}:{stats.num_workers}"
 
 
 def _memory_run(batches: list[Any], step: Step, plan: Plan) -> TrainSample | None:

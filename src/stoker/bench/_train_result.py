@@ -25,12 +25,15 @@ class TrainSample:
         steps: training steps done.
         wait_s: seconds spent in ``next()``, waiting for a batch.
         step_s: seconds spent inside the step (``seconds = wait_s + step_s``).
+        ended: where a stoker loader stood at the end of the run: ``"inline"``, or its
+            backend and workers (``"process:8"``, ``"thread:16"``); None for other loaders.
     """
 
     seconds: float
     steps: int
     wait_s: float
     step_s: float
+    ended: str | None = None
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
