@@ -50,9 +50,9 @@ __all__ = [
     "throttle_held",
 ]
 
-# The workers' CPU (cores, over an interval) beyond what the cores leave free of the step's
-# team that engages the throttle, and under which it is let go (apart, so that a reading near
-# one figure does not start and stop the thread at every interval).
+# Cores the step's team must share with the workers (its threads plus the workers' CPU over an
+# interval, less the usable cores) from which the throttle is engaged, and under which it is
+# let go (apart, so that a reading near one figure does not start and stop it every interval).
 ENGAGE_CORES = 0.5
 RELEASE_CORES = 0.25
 # Longest wait for the throttling team to form (it takes microseconds).
@@ -190,7 +190,8 @@ class SpinWatch:
         self._cores = cores
         self._step_threads = step_threads
         self._clock = clock
-        self._last: tuple[float, float] | None = None
+        self._last: tuple[float, float] | None = None  # (time, workers' CPU) last read
+        self._due = 0.0  # the clock's reading at which the next interval ends
         self.engaged = False
 
     @staticmethod
@@ -206,9 +207,10 @@ class SpinWatch:
         """Measure an interval once :data:`INTERVAL_S` has passed; engage or let go of the
         throttle. Returns a note when it did either."""
         now = self._clock()
-        last = self._last
-        if last is not None and now - last[0] < INTERVAL_S:
+        if now < self._due:
             return None
+        self._due = now + INTERVAL_S
+        last = self._last
         cpu = self._workers_cpu()
         if cpu is None:
             self._last = None
