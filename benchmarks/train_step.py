@@ -19,12 +19,11 @@ Run: ``python benchmarks/train_step.py io auto spdl16 torchdata8:4 --shape cpu``
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import statistics
-from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from _common import contender, contenders_parser, endless_sampler, open_workload
 
@@ -33,24 +32,7 @@ from stoker.bench._contenders import close_loader
 from stoker.bench._train import SHAPES, make_step, memory_batches, train_loop
 from stoker.bench._train_result import TrainSample
 
-SPINNING = "+spin"
-
-
-@contextlib.contextmanager
-def spinning(on: bool) -> Iterator[None]:
-    """``STOKER_OPENMP_THROTTLE=0`` while ``on`` (read when an iterator starts)."""
-    if not on:
-        yield
-        return
-    before = os.environ.get("STOKER_OPENMP_THROTTLE")
-    os.environ["STOKER_OPENMP_THROTTLE"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["STOKER_OPENMP_THROTTLE"]
-        else:
-            os.environ["STOKER_OPENMP_THROTTLE"] = before
+SPINNING = "+spin"  # the throttle off: STOKER_OPENMP_THROTTLE=0 (read when an iterator starts)
 
 
 def one_round(loader: Any, step: Any, settle: float, seconds: float) -> tuple[TrainSample, str]:
@@ -92,7 +74,8 @@ def main() -> None:
                 sampler = endless_sampler(dataset)
                 base = name.removesuffix(SPINNING)
                 loader = contender(base, dataset, workload.batch_size, sampler)
-                with spinning(base != name):
+                off = {"STOKER_OPENMP_THROTTLE": "0"} if base != name else {}
+                with mock.patch.dict(os.environ, off):
                     results[name].append(one_round(loader, step, args.settle, args.seconds))
     print(f"{args.workload}, {args.shape} step ({SHAPES[args.shape]}); {args.rounds} rounds")
     for name, runs in results.items():

@@ -158,15 +158,12 @@ def test_the_steps_do_their_work_on_a_batch() -> None:
         make_step("tpu")
 
 
-def test_a_training_runs_loader_settles_beside_the_step_it_feeds() -> None:
-    # num_workers="auto" warms up (and picks its backend) during the warm-up: with the step
-    # running, as in training, not beside an idle loop.
+def _small_run(**plan_changes: Any) -> tuple[Any, Any, Any, Any]:
+    """(dataset, workload, plan, ideal) for a training run of a few hundredths of a second."""
     import torch
     from torch.utils.data import TensorDataset
 
-    from stoker.bench._contenders import ContenderSpec
     from stoker.bench._plan import Plan
-    from stoker.bench._runs import open_run
     from stoker.bench._stats import Ideal
     from stoker.bench._workloads import Workload
 
@@ -175,9 +172,19 @@ def test_a_training_runs_loader_settles_beside_the_step_it_feeds() -> None:
     plan = Plan(
         repeats=1, run_s=0.05, warmup_s=0.05, grid_run_s=0.05, ideal_s=0.05,
         grid_workers=(0,), grid_prefetch=(2,), grid_note="", stoker_workers=0, cores=2,
-        auto_settle_s=0.05,
+        auto_settle_s=0.05, **plan_changes,
     )  # fmt: skip
     ideal = Ideal(cores=2, cpu_s_per_sample=1e-4, wall_s_per_sample=1e-4, samples=10, note="")
+    return data, w, plan, ideal
+
+
+def test_a_training_runs_loader_settles_beside_the_step_it_feeds() -> None:
+    # num_workers="auto" warms up (and picks its backend) during the warm-up: with the step
+    # running, as in training, not beside an idle loop.
+    from stoker.bench._contenders import ContenderSpec
+    from stoker.bench._runs import open_run
+
+    data, w, plan, ideal = _small_run()
     stepped: list[int] = []
     spec = ContenderSpec("torch", 0)
     with open_run(spec, data, w, plan, seed=1, run_s=0.05, ideal=ideal, step=stepped.append):
@@ -192,23 +199,10 @@ def test_a_training_runs_loader_settles_beside_the_step_it_feeds() -> None:
 def test_a_training_run_records_where_a_stoker_loader_ended(
     spec_args: tuple[str, int], ended: str | None
 ) -> None:
-    import torch
-    from torch.utils.data import TensorDataset
-
     from stoker.bench._contenders import ContenderSpec
-    from stoker.bench._plan import Plan
-    from stoker.bench._stats import Ideal
     from stoker.bench._train import _train_run
-    from stoker.bench._workloads import Workload
 
-    data = TensorDataset(torch.arange(512, dtype=torch.float32))
-    w = Workload(name="w", description="d", make_dataset=lambda quick: data, batch_size=8)
-    plan = Plan(
-        repeats=1, run_s=0.05, warmup_s=0.05, grid_run_s=0.05, ideal_s=0.05,
-        grid_workers=(0,), grid_prefetch=(2,), grid_note="", stoker_workers=0, cores=2,
-        auto_settle_s=0.05, train_run_s=0.05, fill_s=0.0,
-    )  # fmt: skip
-    ideal = Ideal(cores=2, cpu_s_per_sample=1e-4, wall_s_per_sample=1e-4, samples=10, note="")
+    data, w, plan, ideal = _small_run(train_run_s=0.05, fill_s=0.0)
     spec = ContenderSpec(*spec_args)
     sample = _train_run(spec, data, w, plan, lambda batch: None, seed=1, ideal=ideal)
     assert sample.steps >= 2 and sample.ended == ended

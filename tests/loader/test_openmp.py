@@ -1,4 +1,4 @@
-"""The OpenMP spin throttle: held while process workers compete with the step's team."""
+"""The OpenMP spin throttle: held while workers compete with the step's team."""
 
 from __future__ import annotations
 

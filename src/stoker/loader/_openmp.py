@@ -15,11 +15,11 @@ While workers (processes, or threads on their own CPU clocks) use cores the step
 have to itself (their CPU over an interval, plus the step's threads, is more than the cores),
 a stoker thread joins one OpenMP team of its own and keeps it: libgomp then counts more
 threads than CPUs and throttles every team's spinning, the step's included. When the workers
-go quiet the thread exits and libgomp frees its team, and spins at full length again (an
-uncontended CPU step ran 25-30% faster spinning). Nothing of torch's is changed: no thread
-count, no environment. A user who set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` chose the
-spinning, and is left alone; so is a torch on another OpenMP runtime or thread pool.
-``STOKER_OPENMP_THROTTLE=0`` turns it off.
+go quiet the thread exits and libgomp frees its team, and spins at full length again (fed
+from memory, the bench's CPU step ran about 30% faster spinning: benchmarks/README.md).
+Nothing of torch's is changed: no thread count, no environment. A user who set
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` chose the spinning, and is left alone; so is a torch
+on another OpenMP runtime or thread pool. ``STOKER_OPENMP_THROTTLE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from stoker._introspect.platform import usable_cores
+from stoker._introspect.platform import affinity_cores, usable_cores
 from stoker.workers import WorkerPool
 from stoker.workers._process import worker_pid
 
@@ -164,7 +164,7 @@ def throttle_held() -> bool:
 def _team_size(step_threads: int) -> int:
     """Threads for the throttling team: libgomp counts the initial thread once, and each
     team's other threads; with the step's team it must count more than the CPUs it found."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = affinity_cores() or os.cpu_count() or 1
     return max(2, cpus - step_threads + 2)
 
 
@@ -219,8 +219,8 @@ class SpinWatch:
         if last is None or now <= last[0]:
             return None
         workers = max(0.0, cpu - last[1]) / (now - last[0])
-        threads = self._step_threads()
-        excess = threads + workers - self._cores()  # cores the step's team must share
+        threads, cores = self._step_threads(), self._cores()
+        excess = threads + workers - cores  # cores the step's team must share
         if not self.engaged and threads > 1 and excess >= ENGAGE_CORES:
             lib = openmp_library()
             if lib is None:
@@ -229,7 +229,7 @@ class SpinWatch:
             self.engaged = True
             return (
                 f"workers used {workers:.1f} cores beside the step's {threads} OpenMP threads "
-                f"on {self._cores()} cores: libgomp's spinning throttled"
+                f"on {cores} cores: libgomp's spinning throttled"
             )
         if self.engaged and (threads <= 1 or excess < RELEASE_CORES):
             return self._let_go(f"workers used {workers:.1f} cores")
