@@ -214,6 +214,7 @@ def test_a_session_times_several_worker_counts_in_one_loader_and_leaves_nothing_
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
+@pytest.mark.measures  # the share comes from the spans sampled in a 0.5 s run
 def test_a_session_measures_how_much_its_process_workers_block():
     from stoker.autotune._controller import workers_to_fill
     from stoker.tuner._measure import WorkerSession
