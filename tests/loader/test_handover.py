@@ -220,29 +220,38 @@ def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
     the processes give up the batches they load at their next sample, and threads load both;
     the batches the processes finished are delivered from their slots."""
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 10**6)  # decided below, not by the meter
-    loader = stoker.DataLoader(Slow(), batch_size=8, num_workers="auto")
+    # Four batches in flight per process: tasks stay queued behind the ones being loaded
+    # however late the processes start (one CI run had none queued with the tuned depth).
+    loader = stoker.DataLoader(Slow(), batch_size=8, num_workers="auto", prefetch_factor=4)
     it = iter(loader)
-    assert it._handover.state == "watch" and it._backend == "process"
-    # The pool starts at the watch's size and stays there until it is decided.
-    controller = it._scaler.controller
-    assert len(it._pool.active) == _switch.watch_workers(10**6)
-    assert controller.min_workers == controller.max_workers == len(it._pool.active)
-    seen = [int(v) for v in next(it)[:, 0]]
-    time.sleep(0.03)  # every process is inside a batch
-    given_up: list[int] = []
-    handover = it._handover
-    take_back = handover.take_back
-    monkeypatch.setattr(
-        handover, "take_back", lambda msg, *rest: (given_up.append(msg.idx), take_back(msg, *rest))
-    )
-    monkeypatch.setattr(_switch, "HANDOVER_READINGS", 1)
-    monkeypatch.setattr(handover.meter, "readings", lambda: [0.0])
-    it._watch_gil(None)  # the loop leaves the GIL free: hand over
-    assert handover.state == "drain" and handover.handback  # queued tasks taken back
-    # Not queued, not answered: being loaded (or sent) when it was decided.
-    loading = set(it._ctx.book.pending()) - set(handover.handback)
-    seen += [int(v) for batch in it for v in batch[:, 0]]
-    assert seen == list(range(160))
-    assert given_up and set(given_up) <= loading, (given_up, loading)
-    assert it._backend == "thread" and not handover.handback
+    try:
+        assert it._handover.state == "watch" and it._backend == "process"
+        # The pool starts at the watch's size and stays there until it is decided.
+        controller = it._scaler.controller
+        workers = len(it._pool.active)
+        assert workers == _switch.watch_workers(10**6)
+        assert controller.min_workers == controller.max_workers == workers
+        seen = [int(v) for v in next(it)[:, 0]]
+        time.sleep(0.03)  # every process is inside a batch
+        given_up: list[int] = []
+        handover = it._handover
+        take_back = handover.take_back
+        monkeypatch.setattr(
+            handover,
+            "take_back",
+            lambda msg, *rest: (given_up.append(msg.idx), take_back(msg, *rest)),
+        )
+        monkeypatch.setattr(_switch, "HANDOVER_READINGS", 1)
+        monkeypatch.setattr(handover.meter, "readings", lambda: [0.0])
+        it._watch_gil(None)  # the loop leaves the GIL free: hand over
+        assert handover.state == "drain"
+        assert handover.handback  # the queued tasks were taken back
+        # Not queued, not answered: being loaded (or sent) when it was decided.
+        loading = set(it._ctx.book.pending()) - set(handover.handback)
+        seen += [int(v) for batch in it for v in batch[:, 0]]
+        assert seen == list(range(160))
+        assert given_up and set(given_up) <= loading, (given_up, loading)
+        assert it._backend == "thread" and not handover.handback
+    finally:
+        it._shutdown()
     del it, loader
