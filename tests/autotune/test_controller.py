@@ -278,7 +278,7 @@ def test_workers_to_fill_matches_the_closed_form_for_one_core():
         n = math.ceil(math.log(1 - FILL_TARGET) / math.log(blocked))
         assert workers_to_fill(1, blocked) == n
     assert workers_to_fill(2, 0.0) == 2 and workers_to_fill(8, 0.0) == 8
-    assert workers_to_fill(2, 0.43) == 7
+    assert workers_to_fill(2, 0.43) == 8
     assert workers_to_fill(2, 1.0, cap=40) == 40
 
 
@@ -328,7 +328,7 @@ class BlockingPipeline(OversubscribedPipeline):
 
 def test_workers_blocked_in_their_samples_keep_the_oversubscription_that_covers_them():
     blocked = 0.6
-    need = workers_to_fill(2, blocked)  # 10 for 2 cores
+    need = workers_to_fill(2, blocked)  # 13 for 2 cores
     history = _drive(Controller(start=16, max_workers=16), BlockingPipeline(blocked), 40)
     assert min(history) >= need and history[-1] == need, history
     # Unsampled (no blocked share known), the same pool is halved below it, and the trial
@@ -449,9 +449,9 @@ def test_a_measured_share_shrinks_an_oversubscribed_pool_straight_to_the_need_un
 
 
 def test_the_cores_the_main_process_uses_are_not_filled_with_workers():
-    # Workers blocked half the time: eight fill two idle cores, seven fill the 1.5 cores a
-    # training loop using half a core leaves (the eighth would only queue).
-    assert workers_to_fill(2, 0.5) == 8 and workers_to_fill(1.5, 0.5) == 7
+    # Workers blocked half the time: ten fill two idle cores, nine fill the 1.5 cores a
+    # training loop using half a core leaves (the tenth would only queue).
+    assert workers_to_fill(2, 0.5) == 10 and workers_to_fill(1.5, 0.5) == 9
     assert workers_to_fill(1.5, 0.0) == 2 and workers_to_fill(1.0, 0.0) == 1
 
     class Busy(BlockingPipeline):
@@ -460,9 +460,9 @@ def test_the_cores_the_main_process_uses_are_not_filled_with_workers():
             return Observation(**{**obs.__dict__, "consumer_cpu_s": 0.5 * wall})
 
     history = _drive(Controller(start=16, max_workers=16), Busy(0.5), 20)
-    assert history[-1] == 7, history
+    assert history[-1] == 9, history
     history = _drive(Controller(start=16, max_workers=16), BlockingPipeline(0.5), 20)
-    assert history[-1] == 8, history
+    assert history[-1] == 10, history
 
 
 def test_no_workers_are_added_while_a_slow_start_window_limits_loading():
@@ -524,7 +524,8 @@ class ContendingPipeline(BlockingPipeline):
 def test_blocking_that_grows_with_the_workers_is_judged_and_taken_back():
     ctrl = Controller(start=1, max_workers=32)
     history = _drive(ctrl, ContendingPipeline(), 60)
-    assert max(history) <= 4 and history[-1] <= 3, history
+    # Taken back, and tried again only once the plateau is forgotten (PLATEAU_INTERVALS).
+    assert max(history) <= 4 and sum(w > 3 for w in history) < len(history) // 4, history
     assert any("did not raise" in d.reason or "lowered" in d.reason for d in ctrl.history)
 
 

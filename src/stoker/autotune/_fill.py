@@ -18,7 +18,10 @@ __all__ = [
 
 # Workers that block inside their samples (sleep, storage, a lock) leave cores idle unless
 # there are more workers than cores: enough that the cores stay busy this share of the time.
-FILL_TARGET = 0.97
+# A worker too many costs its memory and a little switching; a core idle costs its share of
+# the rate, and a measured share that wavers (a 1% tail gives few spans) asks for the count
+# again: at 0.97, heavytail's process pools read 0.03-0.05 idle cores, at 0.99 0.00-0.01.
+FILL_TARGET = 0.99
 # Weight of the previous intervals in the blocked share (per interval), and the sampled
 # spans of worker batches (decayed alike) it needs before the controller acts on it.
 BLOCKED_DECAY = 0.9
@@ -35,7 +38,7 @@ def workers_to_fill(cores: float, blocked: float, cap: int = 256) -> int:
     Each worker is taken to be blocked (inside a sample, off the CPU) a ``blocked`` share of
     its loading time, independently of the others: the awake count is binomial, and the
     cores do ``E[min(awake, cores)]`` work. Workers that never block need one per core;
-    workers blocked 43% of the time need 7 for 2 cores (4 leave them idle 12% of the time).
+    workers blocked 43% of the time need 8 for 2 cores (4 leave them idle 12% of the time).
 
     Args:
         cores: the cores loading may use (a fraction where the main process uses some).
