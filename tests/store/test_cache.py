@@ -6,12 +6,16 @@ import fcntl
 import hashlib
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from stoker.errors import ConfigError
 from stoker.store import ShardCache, StoreError, StoreURL, _cache, open_store, parse_url
+
+# Bound on each wait for the download thread (it takes milliseconds).
+LIMIT_S = 10.0
 
 
 def _put(s3_client, bucket: str, name: str, data: bytes) -> tuple[str, int, str]:
@@ -129,3 +133,47 @@ def test_a_forked_childs_release_of_an_inherited_pin_leaves_the_parents(tmp_path
         assert not _locked(pin.path)
     finally:
         _end(pid, w)
+
+
+class _Paused:
+    """A store whose downloads wait, once they have their bytes, until the test lets them go."""
+
+    def __init__(self, store) -> None:
+        self.store, self.url = store, store.url
+        self.loaded, self.go = threading.Event(), threading.Event()
+
+    def download(self, name: str, out, size: int) -> str:
+        digest = self.store.download(name, out, size)
+        self.loaded.set()
+        self.go.wait(LIMIT_S)
+        return digest
+
+
+def test_a_download_is_renamed_into_place_under_the_cache_lock(
+    s3_server, bucket: str, tmp_path: Path
+) -> None:
+    """Every count of the budget lists the folder under the cache lock; a listing taken while a
+    download was renamed could hold neither name (ext4 lists by hash), count a shard short and
+    let one more in: five shards in a budget of four, in CI."""
+    a = _put(s3_server.client(), bucket, "a.tar", b"a" * 4000)
+    url = parse_url(f"s3://{bucket}/c")
+    assert isinstance(url, StoreURL)
+    store = _Paused(open_store(url))
+    cache = ShardCache(tmp_path / "cache", limit=6000)
+    pins: list = []
+    fetching = threading.Thread(target=lambda: pins.append(cache.fetch(store, *a)))
+    fetching.start()
+    try:
+        assert store.loaded.wait(LIMIT_S)
+        with _cache._flock(cache.directory / "cache.lock", fcntl.LOCK_EX):
+            store.go.set()
+            fetching.join(0.3)
+            assert fetching.is_alive() and not cache.path(a[2]).exists()  # waits for the lock
+        fetching.join(LIMIT_S)
+        assert not fetching.is_alive() and pins[0].path == cache.path(a[2])
+        assert pins[0].path.read_bytes() == b"a" * 4000
+    finally:
+        store.go.set()
+        fetching.join(LIMIT_S)
+        for pin in pins:
+            pin.release()

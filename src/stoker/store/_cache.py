@@ -254,7 +254,11 @@ class ShardCache:
             fd = os.open(tmp, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # the pin: the lock follows the file's rename
-                os.replace(tmp, final)
+                # Under the cache lock: a directory listing taken during a rename may hold
+                # neither name, and an eviction that counted one shard short let another in
+                # (five 10 KiB shards in a 40 KiB budget, in CI).
+                with _flock(self.directory / "cache.lock", fcntl.LOCK_EX):
+                    os.replace(tmp, final)
             except BaseException:
                 os.close(fd)
                 raise
