@@ -731,7 +731,15 @@ def test_timeout_raises_runtime_error(kind: str) -> None:
     assert str(LOADER_TIMEOUT_S) in str(exc)
 
 
-@pytest.mark.parametrize("kind", ["torch", "stoker"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        # torch's own loader kept a descriptor open after its killed worker, once in a
+        # fresh-clone CI run (1,815 tests): torch's to fix, not stoker's to be blamed for.
+        pytest.param("torch", marks=pytest.mark.allow_leaks("fds")),
+        "stoker",
+    ],
+)
 def test_killed_worker_error_carries_torchs_sentence(kind: str, tmp_path: Any) -> None:
     """Log scrapers and retry rules match torch's words for a worker killed by a signal: they
     are in the error (torch puts them in the cause of the error it raises)."""
