@@ -77,6 +77,9 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     allowed = set(marker.args) if marker is not None else set()
+    if allowed - {"fds"}:
+        raise pytest.UsageError(f'allow_leaks takes "fds" or nothing. Found: {marker.args!r}.')
+    check_fds = "fds" not in allowed
     children, shm, fds = _children(), _shm_entries(), _fd_count()
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
@@ -88,7 +91,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         new_children = _children() - children
         new_shm = _shm_entries() - shm
         new_fds = _fd_count() - fds
-        leaked_fds = new_fds > 0 and "fds" not in allowed
+        leaked_fds = check_fds and new_fds > 0
         if not (new_children or new_shm or leaked_fds) or time.monotonic() > deadline:
             break
         time.sleep(0.02)
@@ -97,7 +100,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"child processes left running: {sorted(new_children)}")
     if new_shm:
         problems.append(f"shared-memory entries left in {SHM_DIR}: {sorted(new_shm)}")
-    if new_fds > 0 and "fds" not in allowed:
+    if leaked_fds:
         problems.append(f"{new_fds} more open file descriptors than before the test")
     if problems:
         pytest.fail("resource leak: " + "; ".join(problems), pytrace=False)

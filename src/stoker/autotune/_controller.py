@@ -288,13 +288,13 @@ class Controller:
         obs, need = now.obs, now.need
         step = 0
         why = ""
-        # Double at most, quadruple when the consumer mostly waits or the measured blocked
-        # share sets the count (doubling took heavytail's pool from the watch's 4 workers to
-        # its 10 in two trials, the second 2 s later).
+        # Double at most, quadruple when the consumer mostly waits.
         cap = obs.workers * (3 if now.wait > SEVERE else 1)
         if need is not None and obs.workers < need:
             # The cores idle while workers block: go straight to the count that fills them
-            # (no further than the cores' measured idle time calls for).
+            # (no further than the cores' measured idle time calls for), quadrupling at most
+            # (doubling took heavytail's pool from the watch's 4 workers to its 10 in two
+            # trials, the second 2 s later).
             grow_to = self._growth_need(obs, need)
             if grow_to > obs.workers:
                 step = min(grow_to - obs.workers, 3 * obs.workers)
