@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -227,6 +229,58 @@ def test_a_warm_up_that_would_not_outlast_its_epoch_is_skipped_on_the_same_seque
     reference = SeededSampler(97, sampler.num_samples, seed=5, first_samples=4)
     assert len(list(reference)) == 4  # the warm-up pass
     assert timed == list(reference)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [ContenderSpec("torch", 0), ContenderSpec("torch", 1, 2, True), ContenderSpec("stoker", 1)],
+    ids=lambda s: s.name,
+)
+def test_a_run_leaves_no_loader_behind(spec: ContenderSpec) -> None:
+    """Freed by its reference count or by the collection the run makes when it is not."""
+    ideal = Ideal(cores=2, cpu_s_per_sample=0.01, wall_s_per_sample=0.01, samples=1)
+    plan = _tiny_plan()
+    with _runs.open_run(
+        spec, Squares(), _workload(), plan, seed=1, run_s=plan.run_s, ideal=ideal
+    ) as opened:
+        loader = weakref.ref(opened.loader)  # type: ignore[arg-type]
+        next(iter(opened.loader))
+    assert loader() is None
+    assert list(opened.loader) == []  # spent: the name for the run holds no loader
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_collect_if_held_collects_only_for_an_object_that_outlived_its_last_name() -> None:
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            collections.append(1)
+
+    enabled = gc.isenabled()
+    gc.disable()  # no collection of the interpreter's own in between
+    gc.callbacks.append(count)
+    try:
+        freed = Squares()
+        ref = weakref.ref(freed)
+        del freed  # its reference count frees it
+        _runs.collect_if_held(ref)
+        assert collections == []
+        held = _Cycle()
+        ref = weakref.ref(held)
+        del held  # only a collection frees it
+        _runs.collect_if_held(ref)
+        assert collections == [1] and ref() is None
+        _runs.collect_if_held(None)  # no weak reference to judge by: collect
+        assert collections == [1, 1]
+    finally:
+        gc.callbacks.remove(count)
+        if enabled:
+            gc.enable()
 
 
 def test_a_dataset_that_cannot_be_built_is_reported_not_raised() -> None:
