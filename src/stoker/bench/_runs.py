@@ -65,8 +65,9 @@ def collect_if_held(ref: Callable[[], object] | None) -> None:
     A closed loader held in a reference cycle keeps whatever it holds (batches, an iterator,
     finalizers that stop workers) until a collection: it must not be left to weigh on the
     next contender's memory and time. One freed by its reference count leaves nothing, and
-    a full collection scans every object of the process (torch's modules alone are most of
-    170,000): 0.15 s a run, 10-15 s of a quick bench's 100-120 (2-core VM).
+    a full collection scans every object of the process (torch's modules make most of
+    170,000): 0.12-0.17 s a run on the 2-core VM, about 93 runs in a quick bench
+    (benchmarks/README.md).
     """
     if ref is None or ref() is not None:
         gc.collect()
