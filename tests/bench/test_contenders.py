@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch.utils.data as tud
 
 from stoker.bench._contenders import (
@@ -137,3 +138,29 @@ def test_installed_peers_run_every_batch_once() -> None:
             seen = sorted(int(x) for b in loader for x in b)
             close_loader(loader)
             assert seen == list(range(64)), spec.name
+
+
+@pytest.mark.parametrize(
+    ("spec", "width", "in_flight"),
+    [
+        (ContenderSpec("torch", 0), 1, 0),
+        (ContenderSpec("torch", 3, 4, True), 3, 12),  # its workers' prefetch queues
+        (ContenderSpec("stoker", 0), 1, 0),
+        (ContenderSpec("stoker", 2), 2, 4),  # the default prefetch_factor, 2
+        (ContenderSpec("torchdata", 3, 4), 3, 10),  # 2 mapper tasks a worker, the prefetcher's
+        (ContenderSpec("spdl", 64), 64, 192),  # a batch a thread, the sink's twice the threads
+        (ContenderSpec("spdl", 8, 3), 8, 11),
+    ],
+    ids=lambda v: v.name if isinstance(v, ContenderSpec) else str(v),
+)
+def test_a_contender_says_how_many_batches_it_builds_at_once_and_holds(
+    spec: ContenderSpec, width: int, in_flight: int
+) -> None:
+    assert (spec.width, spec.in_flight) == (width, in_flight)
+
+
+def test_auto_may_hold_more_than_its_start() -> None:
+    from stoker.autotune._prefetch import MAX_PREFETCH
+
+    auto = ContenderSpec("stoker", 2, auto=True)
+    assert auto.in_flight >= auto.width * MAX_PREFETCH

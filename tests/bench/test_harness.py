@@ -192,6 +192,66 @@ def test_a_timed_run_leaves_the_epochs_fill_untimed_and_its_first_batch_latency_
     assert sample.seconds < plan.fill_s  # the fill's 0.5 s are not in the timed seconds
 
 
+class Sleepy(Dataset[torch.Tensor]):
+    """Each sample sleeps: a thread pool builds its batches side by side, finishing them in
+    waves (as SPDL's threads do on CPU-bound work, where the GIL shares out the cores)."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.tensor([idx])
+
+
+WIDE = ContenderSpec("spdl", 8)
+# Claims a slow machine: sized by the ideal's time alone, the pass would hold 8 batches.
+SLOW_IDEAL = Ideal(cores=2, cpu_s_per_sample=0.05, wall_s_per_sample=0.05, samples=1)
+
+
+@pytest.mark.measures
+def test_a_wide_loaders_training_window_starts_after_its_first_wave_and_ends_before_its_pass() -> (
+    None
+):
+    """The fill drains the batches built side by side before the window (SPDL's 64 threads
+    handed their first batch after 20 s, the other 63 with it), and the pass outlasts the
+    window: cut short, the window drained batches built before it and read too fast."""
+    pytest.importorskip("spdl.pipeline")
+    from stoker.bench._train import _train_run
+
+    plan = _tiny_plan(fill_s=0.01, train_run_s=0.02)
+    calls: list[object] = []
+    sample = _train_run(
+        WIDE, Sleepy(), _workload(batch_size=4), plan, calls.append, seed=1, ideal=SLOW_IDEAL
+    )
+    assert len(calls) - sample.steps >= WIDE.width  # the fill took the whole first wave
+    assert sample.steps >= 2 * WIDE.width  # the window: whole waves, not cut by the pass
+
+
+@pytest.mark.measures
+def test_a_wide_loaders_timed_window_is_not_cut_short_by_its_pass() -> None:
+    pytest.importorskip("spdl.pipeline")
+    from stoker.bench._runs import timed_run
+
+    plan = _tiny_plan(fill_s=0.01, run_s=0.02)
+    sample = timed_run(
+        WIDE, Sleepy(), _workload(batch_size=4), plan, seed=1, run_s=plan.run_s, ideal=SLOW_IDEAL
+    )
+    assert sample.batches >= 2 * WIDE.width
+
+
+def test_a_window_that_its_pass_cut_short_fails_its_run() -> None:
+    run = _runs.OpenRun((), min_batches=16, time_bound=1.5, fill_batches=8, sized=True)
+    run.check_outlasted(16, 1.5)  # outlasted: nothing to say
+    with pytest.raises(_runs.PassRanOut, match=r"ran out after 9 batches in 0\.40 s"):
+        run.check_outlasted(9, 0.4)
+    with pytest.raises(_runs.PassRanOut, match="needs 16 batches"):
+        run.check_outlasted(12, 3.0)
+    # A pass the workload fixes (no time bound), or one not sized for the window, may end it.
+    dataclasses.replace(run, time_bound=None).check_outlasted(9, 0.4)
+    dataclasses.replace(run, sized=False).check_outlasted(9, 0.4)
+
+
 class Indices(Dataset[int]):
     def __len__(self) -> int:
         return 97

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.utils.data as tud
@@ -105,6 +105,29 @@ class ContenderSpec:
         if self.library == "torch":
             return self.num_workers == 0 or bool(self.persistent_workers)
         return False
+
+    @property
+    def width(self) -> int:
+        """Batches the loader builds at once: one per worker process or thread (1 with none).
+
+        A loader that builds many at once delivers them in waves (SPDL's 64 threads on 2 cores
+        finish their 64 batches together): a timed window starts after the first wave.
+        """
+        return max(1, self.num_workers)
+
+    @property
+    def in_flight(self) -> int:
+        """At most how many batches the loader holds built or being built ahead of its
+        consumer (0: it builds each batch when asked)."""
+        if self.library in OPTIONAL:
+            return OPTIONAL[self.library][1].in_flight(self)
+        if self.num_workers == 0 and not self.auto:
+            return 0
+        if self.auto:  # it may grow past its start, and sizes its own prefetch
+            from stoker.autotune._prefetch import MAX_PREFETCH
+
+            return 2 * self.width * MAX_PREFETCH
+        return self.num_workers * (self.prefetch_factor or 2)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -275,6 +298,11 @@ class _TorchdataNodesLoader:
         self.spec, self.dataset, self.batch_size, self.sampler = spec, dataset, batch_size, sampler
         self._mapper: Any = None
 
+    @staticmethod
+    def in_flight(spec: ContenderSpec) -> int:
+        """The mapper's tasks (twice its workers, torchdata's default) and the prefetcher's."""
+        return 2 * spec.width + (spec.prefetch_factor or 2)
+
     def close(self) -> None:
         """Stop the mapper's worker processes now.
 
@@ -315,6 +343,16 @@ class _SpdlLoader:
     ) -> None:
         self.spec, self.dataset, self.batch_size, self.sampler = spec, dataset, batch_size, sampler
 
+    @staticmethod
+    def sink(spec: ContenderSpec) -> int:
+        """Batches the sink buffers: ``prefetch_factor``, else twice the threads."""
+        return spec.prefetch_factor or 2 * spec.width
+
+    @staticmethod
+    def in_flight(spec: ContenderSpec) -> int:
+        """One batch being built per thread, and the sink's."""
+        return spec.width + _SpdlLoader.sink(spec)
+
     def __iter__(self) -> Iterator[Any]:
         from spdl.pipeline import PipelineBuilder
 
@@ -323,14 +361,23 @@ class _SpdlLoader:
         pipeline = (
             builder.add_source(_index_batches(self.sampler, len(self.dataset), self.batch_size))
             .pipe(_FetchBatch(self.dataset), concurrency=threads)
-            .add_sink(self.spec.prefetch_factor or 2 * threads)
+            .add_sink(self.sink(self.spec))
             .build(num_threads=threads)
         )
         with pipeline.auto_stop():
             yield from pipeline
 
 
-Builder = Callable[[ContenderSpec, Any, int, "Iterable[int] | None"], Iterable[Any]]
+class Builder(Protocol):
+    """An optional library's loader: built from a spec, and how much it holds in flight."""
+
+    def __call__(
+        self, spec: ContenderSpec, dataset: Any, batch_size: int, sampler: Iterable[int] | None
+    ) -> Iterable[Any]: ...
+
+    def in_flight(self, spec: ContenderSpec) -> int: ...
+
+
 # library -> (module that must import, builder). Add a library here to put it in the table.
 OPTIONAL: dict[str, tuple[str, Builder]] = {
     "torchdata": ("torchdata.nodes", _TorchdataNodesLoader),

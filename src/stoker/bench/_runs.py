@@ -33,6 +33,7 @@ from stoker.bench._workloads import Workload
 
 __all__ = [
     "OpenRun",
+    "PassRanOut",
     "RunHung",
     "alternate",
     "collect_if_held",
@@ -139,6 +140,10 @@ class RunHung(RuntimeError):
     """A run outlasted its limit (see :data:`RUN_LIMIT_S`)."""
 
 
+class PassRanOut(RuntimeError):
+    """A time-bounded window ended with its pass, before its time bound (a bench bug)."""
+
+
 @contextmanager
 def time_limit(seconds: float, what: str) -> Iterator[None]:
     """Raise :class:`RunHung` in this (main) thread if the block lasts over ``seconds``: a
@@ -203,17 +208,51 @@ class OpenRun:
         loader: the iterable over batches.
         min_batches: batches a time-bounded run consumes at least (whole rounds of workers).
         time_bound: seconds a run lasts (``None``: the workload fixes the samples instead).
+        fill_batches: batches the untimed fill consumes at least: the loader's first wave
+            (:attr:`ContenderSpec.width`), so that the window does not start by draining
+            batches that were built before it.
+        sized: whether the run's sampler was sized to outlast the window (see
+            :meth:`check_outlasted`).
     """
 
     loader: Iterable[Any]
     min_batches: int
     time_bound: float | None
+    fill_batches: int = 1
+    sized: bool = False
+
+    def check_outlasted(self, batches: int, seconds: float) -> None:
+        """Raise if a time-bounded window ended because the run's pass ran out.
+
+        A window cut short by the end of the pass drains batches built before it started
+        and times none of the work it would have waited on: its rate reads too high.
+        """
+        if not self.sized or self.time_bound is None:
+            return
+        if batches < self.min_batches or seconds < self.time_bound:
+            raise PassRanOut(
+                f"the run's pass ran out after {batches} batches in {seconds:.2f} s (the window "
+                f"needs {self.min_batches} batches and {self.time_bound:.2f} s): the bench sized "
+                "its sampler too small for this loader; please report it"
+            )
 
 
 def _sampler_size(
-    spec: ContenderSpec, dataset: Any, workload: Workload, plan: Plan, run_s: float, ideal: Ideal
+    spec: ContenderSpec,
+    dataset: Any,
+    workload: Workload,
+    plan: Plan,
+    run_s: float,
+    ideal: Ideal,
+    min_batches: int,
 ) -> tuple[int, int | None]:
     """(samples per pass, samples of the first pass: the warm-up) for the run's sampler.
+
+    A timed pass holds :data:`RUN_SAMPLES_HEADROOM` times what the ideal rate would deliver
+    in the fill and the window, and as many times the batches that the fill and the window
+    consume at least and that the loader holds in flight beyond them: a loader that builds
+    many batches at once fills for longer than ``plan.fill_s`` (SPDL's 64 threads took 20 s
+    on shards) and must not reach the end of its pass inside the window.
 
     The warm-up (``steady`` mode) is a complete short pass of one batch per worker, so that
     every worker has started and no warm-up work is still in flight when the timed pass
@@ -222,7 +261,9 @@ def _sampler_size(
     bs = workload.batch_size
     if workload.mode != "steady":  # one epoch = one pass over the dataset
         return (0 if isinstance(dataset, tud.IterableDataset) else len(dataset)), None
-    samples = max(8 * bs, int(ideal.samples_per_s * (run_s + plan.fill_s) * RUN_SAMPLES_HEADROOM))
+    by_time = ideal.samples_per_s * (run_s + plan.fill_s)
+    by_batches = bs * (spec.width + min_batches + spec.in_flight)
+    samples = max(8 * bs, int(max(by_time, by_batches) * RUN_SAMPLES_HEADROOM))
     first_pass = bs * max(1, spec.num_workers)
     if spec.auto:
         first_pass = max(
@@ -256,7 +297,8 @@ def open_run(
     non-persistent workers) skips it and runs the pass the others time after theirs.
     """
     baseline = TreeMeter.children_now()
-    samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal)
+    min_batches = rounds * spec.width
+    samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal, min_batches)
     skipped = warm_up and warmup is not None and not spec.warm_up_lasts
     if skipped or not warm_up:
         warm_up, warmup = False, None
@@ -267,7 +309,8 @@ def open_run(
         )
     loader = build_loader(spec, dataset, workload.batch_size, sampler, plan.multiprocessing_context)
     time_bound = run_s if workload.samples_per_run is None else None
-    opened = OpenRun(loader, rounds * max(1, spec.num_workers), time_bound)
+    sized = sampler is not None and workload.mode == "steady" and time_bound is not None
+    opened = OpenRun(loader, min_batches, time_bound, spec.width, sized)
     hung = False
     try:
         with time_limit(RUN_LIMIT_S, f"a run of {spec.name}"):
@@ -332,7 +375,7 @@ def timed_run(
         if workload.mode == "steady" and run.time_bound is not None and plan.fill_s > 0:
             start = time.perf_counter()
             source = iter(run.loader)
-            filled = iterate(source, min_batches=1, seconds=plan.fill_s, t0=start)[2]
+            filled = iterate(source, min_batches=run.fill_batches, seconds=plan.fill_s, t0=start)[2]
         own0 = _monitor_overhead(run.loader)
         with Meter(baseline) as meter:
             t0 = time.perf_counter()
@@ -346,6 +389,8 @@ def timed_run(
                 samples, batches = samples + s, batches + b
                 firsts.append(first if filled is None else filled)
             seconds = time.perf_counter() - t0
+        if workload.mode == "steady":
+            run.check_outlasted(batches, seconds)
         del source
         own1 = _monitor_overhead(run.loader)
     usage = meter.usage

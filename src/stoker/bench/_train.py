@@ -186,10 +186,12 @@ def _train_run(
         it = iter(run.loader)
         try:
             if plan.fill_s > 0:  # the epoch's start is untimed, as in the loader-only runs
-                train_loop(it, step, seconds=plan.fill_s)
+                train_loop(it, step, seconds=plan.fill_s, min_steps=run.fill_batches)
             sample = train_loop(
                 it, step, seconds=plan.train_run_s, min_steps=max(2, run.min_batches)
             )
+            if sample is not None:
+                run.check_outlasted(sample.steps, sample.seconds)
             ended = _ended(run.loader)
         finally:
             del it
