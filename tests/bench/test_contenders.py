@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch.utils.data as tud
 
@@ -164,3 +167,28 @@ def test_auto_may_hold_more_than_its_start() -> None:
 
     auto = ContenderSpec("stoker", 2, auto=True)
     assert auto.in_flight >= auto.width * MAX_PREFETCH
+
+
+class _SlowAfterFirst(tud.Dataset[int]):
+    """The first batch loads at once; each later sample takes two seconds."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, idx: int) -> int:
+        if idx >= 4:
+            time.sleep(2.0)
+        return idx
+
+
+def test_closing_spdl_waits_for_the_batches_its_threads_are_building() -> None:
+    """SPDL's own stop gives up after about 6 s and leaves its threads loading beside the
+    next contender: closed with 8 s of batches still being built, no thread is left."""
+    pytest.importorskip("spdl.pipeline")
+    before = threading.active_count()
+    loader = build_loader(ContenderSpec("spdl", 2), _SlowAfterFirst(), 4, range(64))
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1, 2, 3]
+    close_loader(loader)
+    del it
+    assert threading.active_count() == before
