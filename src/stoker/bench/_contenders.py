@@ -331,7 +331,7 @@ class _TorchdataNodesLoader:
         node = nodes.ParallelMapper(
             node,
             map_fn=_FetchBatch(self.dataset),
-            num_workers=max(1, self.spec.num_workers),
+            num_workers=self.spec.width,
             method="process",
         )
         self._mapper = node
@@ -364,8 +364,9 @@ class _SpdlLoader:
     def sink(spec: ContenderSpec) -> int:
         """Batches the sink buffers: ``prefetch_factor``, else SPDL's default (3).
 
-        Not more: with a sink of twice the threads, 64 threads on jpeg held 192 batches of
-        38 MiB built beside a slow CPU step, and the bench was killed for memory (24 GiB).
+        Not more: with a sink of twice the threads, 64 threads on jpeg could hold 192 batches
+        of 37 MiB beside a slow CPU step, and the bench was killed for memory (23 GiB
+        anonymous RSS).
         """
         return spec.prefetch_factor or SPDL_SINK
 
@@ -377,7 +378,7 @@ class _SpdlLoader:
     def __iter__(self) -> Iterator[Any]:
         from spdl.pipeline import PipelineBuilder
 
-        threads = max(1, self.spec.num_workers)
+        threads = self.spec.width
         builder: Any = PipelineBuilder()  # typed generics that an index source does not meet
         pipeline = (
             builder.add_source(_index_batches(self.sampler, len(self.dataset), self.batch_size))

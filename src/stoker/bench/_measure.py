@@ -9,8 +9,8 @@ A PSS reading walks every page table of each process (``/proc/PID/smaps_rollup``
 of CPU per process on jpeg, 41 ms for stoker's main process and two workers, which taken every
 0.1 s cost the loaders 0.4 of the 2-core VM's cores and more to loaders with more processes
 (stoker's processes read 300-313 samples/s on quick jpeg against 365-390 unmetered; its
-threads 343-347 against 379-384). So the sampler reads the resident set size (``statm``,
-0.1-0.2 ms) every interval, and the PSS only where the tree's resident set grew past
+threads 343-347 against 379-384). So the sampler reads the resident set size (psutil's
+``memory_info``, 0.03 ms) every interval, and the PSS only where the tree's resident set grew past
 :data:`PSS_REREAD_GROWTH` times what it was at the last PSS reading, and once at the end.
 """
 

@@ -264,7 +264,7 @@ def _sampler_size(
     by_time = ideal.samples_per_s * (run_s + plan.fill_s)
     by_batches = bs * (spec.width + min_batches + spec.in_flight)
     samples = max(8 * bs, int(max(by_time, by_batches) * RUN_SAMPLES_HEADROOM))
-    first_pass = bs * max(1, spec.num_workers)
+    first_pass = bs * spec.width
     if spec.auto:
         first_pass = max(
             first_pass, int(ideal.samples_per_s * plan.auto_settle_s * RUN_SAMPLES_HEADROOM)
