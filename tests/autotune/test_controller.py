@@ -23,6 +23,7 @@ from stoker.autotune._controller import (
     share_for_idle,
     workers_to_fill,
 )
+from stoker.autotune._fill import OVERSUBSCRIBE_MIN_GAIN
 
 
 class SimulatedPipeline:
@@ -296,8 +297,13 @@ def test_workers_to_fill_is_the_fewest_that_reach_the_target(cores, blocked):
         )
 
     n = workers_to_fill(cores, blocked)
-    assert n >= cores and busy_share(n) >= FILL_TARGET - 1e-9
-    assert n == cores or busy_share(n - 1) < FILL_TARGET
+    filled = next(m for m in itertools.count(cores) if busy_share(m) >= FILL_TARGET - 1e-9)
+    if filled > 256:
+        assert n == 256  # the cap
+    elif busy_share(filled) < (1 + OVERSUBSCRIBE_MIN_GAIN) * busy_share(cores):
+        assert n == cores  # oversubscribing would add less than a trial can see
+    else:
+        assert n == filled and busy_share(n - 1) < FILL_TARGET
     assert workers_to_fill(cores, min(0.95, blocked + 0.05)) >= n  # more blocking, more workers
 
 
@@ -336,6 +342,24 @@ def test_workers_blocked_in_their_samples_keep_the_oversubscription_that_covers_
     plain = BlockingPipeline(blocked, sampled=False)
     history = _drive(Controller(start=16, max_workers=16), plain, 40)
     assert min(history) < need, history
+
+
+def test_a_worker_that_would_fill_the_cores_by_less_than_a_trial_can_see_is_not_added():
+    # CPU-bound workers that read 2% blocked (descheduled beside the main process): the fill
+    # target alone would ask for a third worker on 2 cores, for 2% more busy cores.
+    assert busy_cores(2, 0.02, 3) >= FILL_TARGET * 2 > busy_cores(2, 0.02, 2)
+    assert workers_to_fill(2, 0.02) == 2
+    # The loader starts the controller from the backend probe's share.
+    ctrl = Controller(start=2, max_workers=32)
+    ctrl.assume_blocked(0.02)
+    history = _drive(ctrl, BlockingPipeline(0.02), 40)
+    assert set(history) == {2}, history
+    # Blocked 10%, a third worker fills 5% more of the cores: it is added.
+    need = workers_to_fill(2, 0.1)
+    ctrl = Controller(start=2, max_workers=32)
+    ctrl.assume_blocked(0.1)
+    history = _drive(ctrl, BlockingPipeline(0.1), 40)
+    assert history[0] == history[-1] == need > 2, history
 
 
 class MisleadingPipeline(BlockingPipeline):

@@ -9,6 +9,7 @@ __all__ = [
     "BLOCKED_DECAY",
     "BLOCKED_MIN_SPANS",
     "FILL_TARGET",
+    "OVERSUBSCRIBE_MIN_GAIN",
     "PRIOR_SPAN_S",
     "BlockedShare",
     "busy_cores",
@@ -22,6 +23,12 @@ __all__ = [
 # the rate, and a measured share that wavers (a 1% tail gives few spans) asks for the count
 # again: at 0.97, heavytail's process pools read 0.03-0.05 idle cores, at 0.99 0.00-0.01.
 FILL_TARGET = 0.99
+# Past one worker per core only where the oversubscription fills the cores by at least this
+# share more (the least a trial tells from noise, stoker.autotune._trials.MIN_GAIN): jpeg's
+# CPU-bound process workers on 2 cores read 2% blocked, which the target alone turns into a
+# third worker for 2% more busy cores; starting it cost quick mode's short runs 30-40% of the
+# rate (178 against 273-286 samples/s, scratch lo2.py, 0.4 s windows).
+OVERSUBSCRIBE_MIN_GAIN = 0.03
 # Weight of the previous intervals in the blocked share (per interval), and the sampled
 # spans of worker batches (decayed alike) it needs before the controller acts on it.
 BLOCKED_DECAY = 0.9
@@ -39,6 +46,8 @@ def workers_to_fill(cores: float, blocked: float, cap: int = 256) -> int:
     its loading time, independently of the others: the awake count is binomial, and the
     cores do ``E[min(awake, cores)]`` work. Workers that never block need one per core;
     workers blocked 43% of the time need 8 for 2 cores (4 leave them idle 12% of the time).
+    Where one worker per core already comes within ``OVERSUBSCRIBE_MIN_GAIN`` of that, it is
+    the answer: a worker that adds a sliver costs its start, memory and switching.
 
     Args:
         cores: the cores loading may use (a fraction where the main process uses some).
@@ -48,8 +57,12 @@ def workers_to_fill(cores: float, blocked: float, cap: int = 256) -> int:
     blocked = min(max(blocked, 0.0), 1.0)
     if blocked >= 1.0:
         return cap
-    for n in range(max(1, math.ceil(cores - 1e-9)), cap + 1):
-        if busy_cores(cores, blocked, n) >= FILL_TARGET * cores:
+    base = max(1, math.ceil(cores - 1e-9))
+    for n in range(base, cap + 1):
+        busy = busy_cores(cores, blocked, n)
+        if busy >= FILL_TARGET * cores:
+            if busy < (1 + OVERSUBSCRIBE_MIN_GAIN) * busy_cores(cores, blocked, base):
+                return base
             return n
     return cap
 
