@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import multiprocessing
+import os
 import time
 import weakref
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -549,6 +552,26 @@ class Stalls(Dataset[torch.Tensor]):
         if idx:
             time.sleep(60)
         return torch.zeros(2)
+
+
+def test_children_that_exited_are_not_waited_for() -> None:
+    """A worker that exited after its library stopped joining it (torchdata's mapper joins for
+    0.5 s) is a zombie until reaped: no run waits for it, and multiprocessing's own are reaped."""
+    before = TreeMeter.children_now()
+    late = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0.1,))
+    late.start()  # never joined, as a library's stop that gave up
+    pid = os.fork()
+    if pid == 0:  # a bare child no one reaps
+        os._exit(0)
+    try:
+        time.sleep(0.5)
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        t0 = time.monotonic()
+        _runs.wait_children_exit(before)
+        assert time.monotonic() - t0 < _runs.CHILD_EXIT_S / 2
+        assert TreeMeter.children_now() - before == {pid}  # multiprocessing's was reaped
+    finally:
+        os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize("workers", [0, 1])
