@@ -379,7 +379,7 @@ def test_plans() -> None:
     assert quick.repeats == 3 and full.repeats == 5
     assert quick.grid_workers == (0, 2, 4) and full.grid_workers == tuple(range(9))
     assert make_plan(quick=True, cores=16).grid_workers == (0, 16, 32)
-    assert not quick.grid_warm_up and full.grid_warm_up  # quick grid runs: the first epoch
+    assert not quick.warm_up and full.warm_up  # quick runs: the loader's first epoch
     # prefetch 4 only at stoker's count in quick mode, everywhere in full mode
     points = {(s.num_workers, s.prefetch_factor) for s in quick.grid() if s.library == "torch"}
     assert points == {(0, None), (2, 2), (2, 4), (4, 2)}, points

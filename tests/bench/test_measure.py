@@ -79,3 +79,25 @@ def test_the_pss_is_read_where_the_resident_set_grew_not_every_interval() -> Non
     usage = meter.stop()
     assert usage.peak_pss_bytes >= base + 200 * 2**20  # the peak, gone before the end
     assert meter.pss_readings <= 4  # the first, the growth (once or twice), the end
+
+
+@pytest.mark.measures
+def test_the_end_reads_the_pss_again_only_where_the_last_reading_is_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end's reading cost a quick run 0.1-0.3 s; a fresh one stands for it."""
+    meter = TreeMeter(set())
+    meter.start()
+    time.sleep(0.1)  # the first interval's reading, then a steady resident set
+    assert meter.stop().peak_pss_bytes > 10 * 2**20 and meter.pss_readings == 1
+    monkeypatch.setattr(_measure, "PSS_FRESH_S", 0.0)
+    meter = TreeMeter(set())
+    meter.start()
+    time.sleep(0.1)
+    meter.stop()
+    assert meter.pss_readings == 2
+    # A meter stopped before its first interval reads it at the end.
+    monkeypatch.setattr(_measure, "PSS_FRESH_S", 10.0)
+    meter = TreeMeter(set(), interval_s=10.0)
+    meter.start()
+    assert meter.stop().peak_pss_bytes > 10 * 2**20 and meter.pss_readings == 1

@@ -153,8 +153,8 @@ def make_plan(
             f" x prefetch_factor 2, and 4 at {n} workers, with short runs (full grid: 0 to"
             f" {4 * n} x {{2, 4}}); SPDL threads {{{', '.join(map(str, quick_threads))}}},"
             f" torchdata.nodes workers {{{', '.join(str(w) for w in grid if w)}}} x prefetch 2;"
-            " grid runs not warmed up; torch without workers and the seed recipe timed only as"
-            " grid best"
+            " runs not warmed up (each times its loader's first epoch, after its fill);"
+            " torch without workers and the seed recipe timed only as grid best"
         )
     else:
         note = (
@@ -170,7 +170,7 @@ def make_plan(
         references=not quick,
         train_roles=QUICK_TRAIN_ROLES if quick else None,
         prefetch_everywhere=not quick,
-        grid_warm_up=not quick,
+        warm_up=not quick,
         repeats=repeats or (QUICK_REPEATS if quick else FULL_REPEATS),
         grid_workers=grid,
         grid_prefetch=PREFETCH_GRID,

@@ -133,7 +133,7 @@ def _search_grid(
                 run_s=plan.grid_run_s,
                 ideal=ideal,
                 rounds=1,
-                warm_up=plan.grid_warm_up,
+                warm_up=plan.warm_up,
             )
             point = GridPoint(
                 spec.num_workers, spec.prefetch_factor, run.samples_per_s, library=spec.library
@@ -216,7 +216,14 @@ def _loader_runs(
 
     def one(i: int, r: int) -> RunSample:
         return timed_run(
-            specs[i], dataset, workload, plan, seed=r + 1, run_s=plan.run_s, ideal=ideal
+            specs[i],
+            dataset,
+            workload,
+            plan,
+            seed=r + 1,
+            run_s=plan.run_s,
+            ideal=ideal,
+            warm_up=plan.warm_up,
         )
 
     names = [s.name for s in specs]

@@ -11,7 +11,8 @@ of CPU per process on jpeg, 41 ms for stoker's main process and two workers, whi
 (stoker's processes read 300-313 samples/s on quick jpeg against 365-390 unmetered; its
 threads 343-347 against 379-384). So the sampler reads the resident set size (psutil's
 ``memory_info``, 0.03 ms) every interval, and the PSS only where the tree's resident set grew past
-:data:`PSS_REREAD_GROWTH` times what it was at the last PSS reading, and once at the end.
+:data:`PSS_REREAD_GROWTH` times what it was at the last PSS reading, and once at the end
+unless the last reading is fresh (:data:`PSS_FRESH_S`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ CHILDREN_EVERY = 10
 # The PSS is read again where the tree's resident set has grown past this factor of what it
 # was at the last PSS reading (a peak that grows less is read at the end only).
 PSS_REREAD_GROWTH = 1.05
+# The end's PSS reading is left out where the last one is younger than this and the tree's
+# resident set has not grown past PSS_REREAD_GROWTH since: a quick run's window (0.4 s) was
+# read 0.1 s in, and the end's reading cost 0.1-0.3 s a run (8 s of a 105 s quick bench).
+PSS_FRESH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ class TreeMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._peak = 0
-        self._rss_read = 0  # the tree's resident set at the last PSS reading
+        self._rss_read = 0  # the tree's resident set at the last growth-driven PSS reading
+        self._pss_at: float | None = None  # time.monotonic() of the last PSS reading
         self.pss_readings = 0
         self._sampler_cpu = 0.0
         self._start_main = 0.0
@@ -124,6 +130,7 @@ class TreeMeter:
         procs = [self._me, *self._children()] if procs is None else procs
         self._peak = max(self._peak, sum(_pss(p) for p in procs))
         self.pss_readings += 1
+        self._pss_at = time.monotonic()
 
     def _final_pss(self) -> None:
         """The end's PSS reading, the processes read side by side: it is off the clock, but
@@ -134,6 +141,13 @@ class TreeMeter:
             total = sum(pool.map(_pss, procs))
         self._peak = max(self._peak, total)
         self.pss_readings += 1
+        self._pss_at = time.monotonic()
+
+    def _end_needs_pss(self) -> bool:
+        if self._pss_at is None or time.monotonic() - self._pss_at > PSS_FRESH_S:
+            return True
+        rss = sum(_rss(p) for p in [self._me, *self._procs.values()])
+        return rss > self._rss_read * PSS_REREAD_GROWTH
 
     def _sample(self, tick: int) -> None:
         """Read the tree's resident set; the PSS too where it grew (see the module)."""
@@ -173,7 +187,8 @@ class TreeMeter:
         # Read after the join, so that every CPU second the sampler thread spent (and that
         # _sampler_cpu subtracts) lies inside the measured interval.
         end_main = time.process_time()
-        self._final_pss()
+        if self._end_needs_pss():
+            self._final_pss()
         main = max(0.0, end_main - self._start_main - self._sampler_cpu)
         children = 0.0
         for pid, proc in self._procs.items():

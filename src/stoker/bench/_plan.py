@@ -41,10 +41,11 @@ class Plan:
         ideal_s: seconds of single-process measurement for the ideal.
         grid_workers: torch ``num_workers`` values the grid tries.
         grid_prefetch: torch ``prefetch_factor`` values the grid tries.
-        grid_warm_up: warm each grid run's loader up with an epoch before timing it; ``False``
-            (quick mode): the timed epoch is its first, timed from its first batch on (a
-            warm-up costs each point a loader start, 0.4 s on jpeg, where the grid only picks
-            a configuration that the timed runs then warm up).
+        warm_up: warm each run's loader (grid, loader-only and training runs) up with an
+            epoch before timing it; ``False`` (quick mode): the timed epoch is the loader's
+            first, timed after its fill, as a run of a few seconds gets it (a warm-up costs
+            each run a loader start and an abandoned epoch: 0.56 s for ``num_workers="auto"``
+            on quick jpeg and large, 16 s of a 105 s quick bench).
         prefetch_everywhere: try every ``grid_prefetch`` at every worker count; ``False``
             (quick mode): the first everywhere, the others only at ``stoker_workers`` (the
             same-workers row takes torch's better one there).
@@ -56,7 +57,7 @@ class Plan:
         stoker_watched: also measure stoker wrapped in ``stoker.watch`` (full mode).
         auto_settle_s: warm-up seconds of the ``num_workers="auto"`` contender, in which its
             controller settles (its timed runs then measure where it settled; how fast it
-            gets there is measured by the ramp runs).
+            gets there is measured by the ramp runs); none without ``warm_up``.
         ramp_s: seconds of each ramp run of ``num_workers="auto"`` (from 1 worker and from
             16; 0 skips them).
         train_shapes: the ``train`` family's step shapes (``"gpu"``, ``"cpu"``; empty: none).
@@ -100,7 +101,7 @@ class Plan:
     references: bool = True
     train_roles: frozenset[str] | None = None
     prefetch_everywhere: bool = True
-    grid_warm_up: bool = True
+    warm_up: bool = True
 
     def __post_init__(self) -> None:
         if self.repeats < 1:

@@ -181,7 +181,15 @@ def _train_run(
     ideal: Ideal,
 ) -> TrainSample:
     with open_run(
-        spec, dataset, workload, plan, seed=seed, run_s=plan.train_run_s, ideal=ideal, step=step
+        spec,
+        dataset,
+        workload,
+        plan,
+        seed=seed,
+        run_s=plan.train_run_s,
+        ideal=ideal,
+        step=step,
+        warm_up=plan.warm_up,
     ) as run:
         it = iter(run.loader)
         try:
