@@ -19,6 +19,7 @@ from stoker.bench._contenders import ContenderSpec
 from stoker.bench._harness import SeededSampler, bench_workload, measure_ideal
 from stoker.bench._measure import TreeMeter
 from stoker.bench._stats import Ideal
+from stoker.bench._workloads import get_workload
 from stoker.errors import ConfigError
 
 
@@ -315,6 +316,31 @@ def test_a_run_leaves_no_loader_behind(spec: ContenderSpec) -> None:
 class _Cycle:
     def __init__(self) -> None:
         self.me = self
+
+
+def test_a_ramp_run_collects_garbage_only_for_a_loader_left_in_a_cycle() -> None:
+    """A full collection scans every object of the bench (0.12-0.17 s): a ramp's loader that
+    its reference count frees needs none."""
+    from stoker.bench._ramp import measure_ramp
+
+    workload = get_workload("tiny")
+    dataset = workload.make_dataset(True)
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            collections.append(1)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.callbacks.append(count)
+    try:
+        ramp = measure_ramp(dataset, workload, 1, 0.3, 1000.0)
+    finally:
+        gc.callbacks.remove(count)
+        if enabled:
+            gc.enable()
+    assert ramp.seconds > 0 and collections == []
 
 
 def test_collect_if_held_collects_only_for_an_object_that_outlived_its_last_name() -> None:

@@ -15,7 +15,6 @@ an epoch.
 from __future__ import annotations
 
 import bisect
-import gc
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from stoker._commands.step import consume
 from stoker.bench._contenders import BATCH_TIMEOUT_S, close_loader
 from stoker.bench._plan import Plan, SeededSampler
 from stoker.bench._result import Ramp
+from stoker.bench._runs import collect_if_held, weak
 from stoker.bench._workloads import Workload
 
 __all__ = ["RAMP_STARTS", "REACH", "measure_ramp", "ramps_planned", "reach_time"]
@@ -109,8 +109,9 @@ def measure_ramp(
     finally:
         del it
         close_loader(loader)
+        ref = weak(loader)
         del loader
-        gc.collect()
+        collect_if_held(ref)  # a full collection only for a loader held in a cycle
     run_s = times[-1] if times else seconds
     window = max(MIN_WINDOW_S, WINDOW_SHARE * run_s)
     try:

@@ -12,7 +12,6 @@ first batch and the bytes the proxy carried to clients in the epoch.
 from __future__ import annotations
 
 import functools
-import gc
 import shutil
 import tempfile
 import time
@@ -28,7 +27,7 @@ from stoker.bench._measure import Meter, TreeMeter
 from stoker.bench._plan import Plan, Report
 from stoker.bench._remote_peers import BUCKET, MISSING, PEERS, Open, Peer, Source
 from stoker.bench._result import ContenderResult, RunSample, WorkloadResult
-from stoker.bench._runs import describe, wait_children_exit
+from stoker.bench._runs import collect_if_held, describe, wait_children_exit, weak
 from stoker.bench._s3server import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_S, S3Endpoint, s3_server
 from stoker.bench._shards import ShardJpegDataset, ensure_shards
 from stoker.bench._stats import median
@@ -95,8 +94,10 @@ def _epoch(
     finally:
         if loader is not None:
             close_loader(loader)
+            ref = weak(loader)
+            loader = None
+            collect_if_held(ref)  # a full collection only for a loader held in a cycle
         del loader
-        gc.collect()
         wait_children_exit(baseline)
     if samples != expected:
         raise ConfigError(f"{peer.name} delivered {samples} samples in an epoch of {expected}.")
