@@ -126,19 +126,18 @@ class TreeMeter:
                 self._procs[proc.pid] = proc
         return [p for p in found if p.pid not in self._baseline]
 
-    def _sample_pss(self, procs: list[psutil.Process] | None = None) -> None:
+    def _sample_pss(
+        self, procs: list[psutil.Process] | None = None, side_by_side: bool = False
+    ) -> None:
+        """Read the tree's PSS into the peak. ``side_by_side`` reads the processes in a thread
+        pool: the end's reading is off the clock but on the bench's (read one after another
+        it took 0.17-0.3 s a run on quick large and jpeg, 10 s of a 106 s quick bench)."""
         procs = [self._me, *self._children()] if procs is None else procs
-        self._peak = max(self._peak, sum(_pss(p) for p in procs))
-        self.pss_readings += 1
-        self._pss_at = time.monotonic()
-
-    def _final_pss(self) -> None:
-        """The end's PSS reading, the processes read side by side: it is off the clock, but
-        on the bench's (read one after another, it took 0.17-0.3 s a run on quick large and
-        jpeg, 10 s of a 106 s quick bench)."""
-        procs = [self._me, *self._children()]
-        with ThreadPoolExecutor(min(len(procs), os.cpu_count() or 1)) as pool:
-            total = sum(pool.map(_pss, procs))
+        if side_by_side:
+            with ThreadPoolExecutor(min(len(procs), os.cpu_count() or 1)) as pool:
+                total = sum(pool.map(_pss, procs))
+        else:
+            total = sum(_pss(p) for p in procs)
         self._peak = max(self._peak, total)
         self.pss_readings += 1
         self._pss_at = time.monotonic()
@@ -188,7 +187,7 @@ class TreeMeter:
         # _sampler_cpu subtracts) lies inside the measured interval.
         end_main = time.process_time()
         if self._end_needs_pss():
-            self._final_pss()
+            self._sample_pss(side_by_side=True)
         main = max(0.0, end_main - self._start_main - self._sampler_cpu)
         children = 0.0
         for pid, proc in self._procs.items():

@@ -44,8 +44,8 @@ class Plan:
         warm_up: warm each run's loader (grid, loader-only and training runs) up with an
             epoch before timing it; ``False`` (quick mode): the timed epoch is the loader's
             first, timed after its fill, as a run of a few seconds gets it (a warm-up costs
-            each run a loader start and an abandoned epoch: 0.56 s for ``num_workers="auto"``
-            on quick jpeg and large, 16 s of a 105 s quick bench).
+            each run a loader start and an abandoned epoch: 0.56 s a run for
+            ``num_workers="auto"``, 16 s of a 105 s quick bench, scratch tl.py).
         prefetch_everywhere: try every ``grid_prefetch`` at every worker count; ``False``
             (quick mode): the first everywhere, the others only at ``stoker_workers`` (the
             same-workers row takes torch's better one there).

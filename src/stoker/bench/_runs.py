@@ -129,10 +129,10 @@ def _running_children(baseline: set[int]) -> set[int]:
     are reaped first, and zombies no one reaps are left out (they hold no memory or CPU)."""
     multiprocessing.active_children()  # reaps the processes it started that have exited
     running = set()
-    for pid in TreeMeter.children_now() - baseline:
+    for proc in psutil.Process().children(recursive=True):
         try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.add(pid)
+            if proc.pid not in baseline and proc.status() != psutil.STATUS_ZOMBIE:
+                running.add(proc.pid)
         except psutil.Error:  # gone since
             pass
     return running
