@@ -57,6 +57,13 @@ def _watch(readings: Readings, threads: int = 2, cores: int = 2) -> SpinWatch:
     )
 
 
+@pytest.fixture(autouse=True)
+def own_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A throttle of each test's own: one another test's live iterator holds (a failed test's
+    traceback keeps its frames) lapses only after LEASE_S."""
+    monkeypatch.setattr(_openmp, "_THROTTLE", _openmp._Throttle())
+
+
 def _throttle_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "stoker-openmp-throttle"]
 
@@ -117,6 +124,37 @@ def test_unmeasured_workers_let_it_go_and_two_watches_share_one_thread() -> None
     assert not throttle_held() and not _throttle_threads()
 
 
+@needs_libgomp
+def test_a_consumer_that_stops_asking_loses_the_throttle_and_regains_it_by_asking(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_openmp, "LEASE_S", 0.2)
+    readings = Readings()
+    watch = _watch(readings)
+    try:
+        watch.poll()
+        readings.advance(INTERVAL_S, cores=1.5)
+        assert watch.poll() is not None and throttle_held()
+        end = time.monotonic() + CHILD_LIMIT_S
+        while throttle_held() and time.monotonic() < end:  # an evaluation mid-epoch
+            time.sleep(0.01)
+        assert not throttle_held() and not watch.engaged
+        join_limit = time.monotonic() + CHILD_LIMIT_S
+        while _throttle_threads() and time.monotonic() < join_limit:
+            time.sleep(0.01)  # the thread lets go of its team and exits on its own
+        assert not _throttle_threads()
+        note = watch.poll()
+        assert note is not None and "no batch asked for" in note and not throttle_held()
+        # The gap is not an interval: the next one starts at the next poll.
+        readings.advance(INTERVAL_S * 10, cores=0.0)
+        assert watch.poll() is None
+        readings.advance(INTERVAL_S, cores=1.5)
+        assert watch.poll() is not None and watch.engaged and throttle_held()
+    finally:
+        watch.close()
+    assert not throttle_held()
+
+
 def test_a_users_wait_policy_or_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")
     assert spin_watch(lambda: None) is None
@@ -145,6 +183,29 @@ def test_busy_workers_throttle_the_loops_spinning_until_shut_down(
     assert not throttle_held() and not _throttle_threads()
 
 
+@needs_libgomp
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="a step team needs two threads")
+def test_the_epochs_end_lets_go_of_the_throttle_while_persistent_workers_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_openmp, "INTERVAL_S", 0.05)
+
+    class Short(BusyDataset):
+        def __len__(self) -> int:
+            return 400  # 1.6 s of a core's work: several intervals
+
+    loader = stoker.DataLoader(Short(), batch_size=4, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        it = iter(loader)
+        engaged = False
+        for _ in it:
+            engaged = engaged or throttle_held()
+        assert engaged, it.stats().notes
+        assert not throttle_held() and any("the epoch ended" in n for n in it.stats().notes)
+    it._shutdown()
+    assert not _throttle_threads()
+
+
 _SPIN_CHILD = textwrap.dedent(
     """
     import os, time, torch
@@ -171,10 +232,11 @@ _SPIN_CHILD = textwrap.dedent(
 
     free = spun()
     before = len(os.listdir("/proc/self/task"))
-    _openmp._THROTTLE.acquire(_openmp.openmp_library(), 2)
+    holder = _openmp.SpinWatch(lambda: 0.0, lambda: 2, lambda: 2)
+    _openmp._THROTTLE.acquire(holder, _openmp.openmp_library(), 2)
     held = len(os.listdir("/proc/self/task"))
     throttled = spun()
-    _openmp._THROTTLE.release()
+    _openmp._THROTTLE.release(holder)
     end = time.monotonic() + 5  # the freed team's thread exits on its own, soon after
     while len(os.listdir("/proc/self/task")) > before and time.monotonic() < end:
         time.sleep(0.01)

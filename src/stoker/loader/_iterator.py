@@ -341,6 +341,8 @@ class MultiWorkerIterator(StokerIterBase):
                 self._ctx.wait_s += time.perf_counter() - t0
                 if self._ctx.state is not None:
                     self._ctx.state.finished = True
+                if self._spin is not None:  # the workers idle until the next epoch
+                    self._spin_note(self._spin.close("the epoch ended"))
                 if not self._persistent_workers:
                     self._shutdown()
                 self._ended["stats"] = self.stats()
@@ -458,7 +460,9 @@ class MultiWorkerIterator(StokerIterBase):
 
     def _poll_spin(self) -> None:
         assert self._spin is not None
-        note = self._spin.poll()
+        self._spin_note(self._spin.poll())
+
+    def _spin_note(self, note: str | None) -> None:
         if note is not None:
             self._notes.append(f"{time.monotonic() - self._started:.1f}s: {note}")
 

@@ -15,8 +15,9 @@ While workers (processes, or threads on their own CPU clocks) use cores the step
 have to itself (their CPU over an interval, plus the step's threads, is more than the cores),
 a stoker thread joins one OpenMP team of its own and keeps it: libgomp then counts more
 threads than CPUs and throttles every team's spinning, the step's included. When the workers
-go quiet the thread exits and libgomp frees its team, and spins at full length again (fed
-from memory, the bench's CPU step ran about 30% faster spinning: benchmarks/README.md).
+go quiet, the epoch ends, or the consumer stops asking for batches (:data:`LEASE_S`), the
+thread exits and libgomp frees its team, and spins at full length again (fed from memory, the
+bench's CPU step ran about 30% faster spinning: benchmarks/README.md).
 Nothing of torch's is changed: no thread count, no environment. A user who set
 ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` chose the spinning, and is left alone; so is a torch
 on another OpenMP runtime or thread pool. ``STOKER_OPENMP_THROTTLE=0`` turns it off.
@@ -43,6 +44,7 @@ __all__ = [
     "ENV_OFF",
     "FORM_LIMIT_S",
     "INTERVAL_S",
+    "LEASE_S",
     "RELEASE_CORES",
     "SpinWatch",
     "openmp_library",
@@ -59,6 +61,10 @@ RELEASE_CORES = 0.25
 FORM_LIMIT_S = 1.0
 # How often the workers' CPU is read (from the consumer's next(): no thread of its own).
 INTERVAL_S = 0.5
+# A watch whose consumer asked for no batch in this long lets go (an evaluation mid-epoch, an
+# iterator kept alive but unused): its workers stop competing once their prefetch is full, and
+# the throttle is process-wide. Longer than any step, so that a slow step does not drop it.
+LEASE_S = 20.0
 # Set to "0" to leave libgomp's spinning as it is.
 ENV_OFF = "STOKER_OPENMP_THROTTLE"
 # Set by the user, these say how OpenMP threads should wait: stoker does not overrule them.
@@ -95,22 +101,23 @@ def openmp_library() -> ctypes.CDLL | None:
 
 
 class _Throttle:
-    """The process's one throttling thread, held while any :class:`SpinWatch` wants it."""
+    """The process's one throttling thread, held while any :class:`SpinWatch` wants it and
+    keeps asking for batches (see :data:`LEASE_S`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._holders = 0
+        self._holders: set[SpinWatch] = set()
         self._release: threading.Event | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def held(self) -> bool:
-        return self._holders > 0
+        return bool(self._holders)
 
-    def acquire(self, lib: ctypes.CDLL, team: int) -> None:
+    def acquire(self, watch: SpinWatch, lib: ctypes.CDLL, team: int) -> None:
         with self._lock:
-            self._holders += 1
-            if self._holders > 1:
+            self._holders.add(watch)
+            if self._thread is not None:
                 return
             release = self._release = threading.Event()
             formed = threading.Event()
@@ -121,18 +128,35 @@ class _Throttle:
             def hold() -> None:
                 lib.GOMP_parallel(noop, None, team, 0)
                 formed.set()
-                release.wait()  # on return libgomp frees this thread's team
+                # On return libgomp frees this thread's team.
+                while not release.wait(LEASE_S / 4):
+                    if self._lapse(release):
+                        return
 
             self._thread = threading.Thread(target=hold, name="stoker-openmp-throttle", daemon=True)
             self._thread.start()
-            formed.wait(FORM_LIMIT_S)  # in effect once it returns (a team starts in microseconds)
+        formed.wait(FORM_LIMIT_S)  # in effect once it returns (a team starts in microseconds)
 
-    def release(self) -> None:
+    def _lapse(self, release: threading.Event) -> bool:
+        """Drop the holders that stopped polling; True when none is left (the thread exits)."""
+        now = time.monotonic()
         with self._lock:
-            if self._holders == 0:
+            if release is not self._release:
+                return True
+            for watch in [w for w in self._holders if now - w.polled > LEASE_S]:
+                self._holders.discard(watch)
+                watch.lapsed()
+            if self._holders:
+                return False
+            self._release = self._thread = None
+            return True
+
+    def release(self, watch: SpinWatch) -> None:
+        with self._lock:
+            if watch not in self._holders:
                 return
-            self._holders -= 1
-            if self._holders > 0:
+            self._holders.discard(watch)
+            if self._holders:
                 return
             release, thread = self._release, self._thread
             self._release = self._thread = None
@@ -192,6 +216,8 @@ class SpinWatch:
         self._clock = clock
         self._last: tuple[float, float] | None = None  # (time, workers' CPU) last read
         self._due = 0.0  # the clock's reading at which the next interval ends
+        self._lapsed = False  # the throttle let go of it for want of polls
+        self.polled = time.monotonic()  # when the consumer last asked (the lease's clock)
         self.engaged = False
 
     @staticmethod
@@ -206,6 +232,10 @@ class SpinWatch:
     def poll(self) -> str | None:
         """Measure an interval once :data:`INTERVAL_S` has passed; engage or let go of the
         throttle. Returns a note when it did either."""
+        self.polled = time.monotonic()
+        if self._lapsed:
+            self._lapsed = False
+            return f"no batch asked for in {LEASE_S:g} s: libgomp's spinning left as it was"
         now = self._clock()
         if now < self._due:
             return None
@@ -225,7 +255,7 @@ class SpinWatch:
             lib = openmp_library()
             if lib is None:
                 return None
-            _THROTTLE.acquire(lib, _team_size(threads))
+            _THROTTLE.acquire(self, lib, _team_size(threads))
             self.engaged = True
             return (
                 f"workers used {workers:.1f} cores beside the step's {threads} OpenMP threads "
@@ -239,12 +269,23 @@ class SpinWatch:
         if not self.engaged:
             return None
         self.engaged = False
-        _THROTTLE.release()
+        _THROTTLE.release(self)
         return f"{why}: libgomp's spinning left as it was"
 
-    def close(self) -> None:
-        """Let go of the throttle (the iterator shut down)."""
-        self._let_go("closed")
+    def lapsed(self) -> None:
+        """The throttle let go of this watch: its consumer stopped asking for batches (called
+        by the throttling thread, under its lock)."""
+        self.engaged = False
+        self._lapsed = True
+        self._last = None  # the next interval starts at the next poll
+
+    def close(self, why: str = "closed") -> str | None:
+        """Let go of the throttle and start the next interval afresh (the epoch ended, or the
+        iterator shut down). Returns a note when it let go."""
+        self._last = None
+        self._due = 0.0
+        self._lapsed = False
+        return self._let_go(why)
 
 
 def _process_cpu(worker: Any, known: dict[Any, Any]) -> tuple[Any, float] | None:
