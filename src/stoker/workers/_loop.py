@@ -37,6 +37,7 @@ from stoker.workers._blocked import BlockedSampler
 from stoker.workers._epoch_sync import apply_changes
 from stoker.workers._errors import pack_exception
 from stoker.workers._fetch import Abandoned, BatchFetcher, SkipBatch, fetch_stream
+from stoker.workers._malloc import settle_malloc
 from stoker.workers._messages import (
     BatchError,
     BatchSkipped,
@@ -395,6 +396,7 @@ def worker_main(
         _set_pdeathsig(ppid, pool_files)
     _cap_threads(spec.threads)
     _lower_priority(spec.nice)
+    settle_malloc()  # see workers._malloc: no fault-bound first epoch
     status.hello(spec.worker_id)
     worker: _Worker | None = None
     try:
