@@ -21,6 +21,9 @@ needs_libgomp = pytest.mark.skipif(
     _openmp.openmp_library() is None, reason="torch here does not run its ops on libgomp"
 )
 CHILD_LIMIT_S = 60
+needs_step_team = pytest.mark.skipif(
+    torch.get_num_threads() < 2, reason="a step team needs two threads"
+)
 
 
 class BusyDataset(Dataset[int]):
@@ -62,6 +65,15 @@ def own_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
     """A throttle of each test's own: one another test's live iterator holds (a failed test's
     traceback keeps its frames) lapses only after LEASE_S."""
     monkeypatch.setattr(_openmp, "_THROTTLE", _openmp._Throttle())
+
+
+def _engaged(readings: Readings, cores: float) -> SpinWatch:
+    """A watch that has just engaged the throttle: workers used ``cores`` over an interval."""
+    watch = _watch(readings)
+    watch.poll()
+    readings.advance(INTERVAL_S, cores=cores)
+    assert watch.poll() is not None and throttle_held()
+    return watch
 
 
 def _throttle_threads() -> list[threading.Thread]:
@@ -130,11 +142,8 @@ def test_a_consumer_that_stops_asking_loses_the_throttle_and_regains_it_by_askin
 ) -> None:
     monkeypatch.setattr(_openmp, "LEASE_S", 0.2)
     readings = Readings()
-    watch = _watch(readings)
+    watch = _engaged(readings, cores=1.5)
     try:
-        watch.poll()
-        readings.advance(INTERVAL_S, cores=1.5)
-        assert watch.poll() is not None and throttle_held()
         end = time.monotonic() + CHILD_LIMIT_S
         while throttle_held() and time.monotonic() < end:  # an evaluation mid-epoch
             time.sleep(0.01)
@@ -164,7 +173,7 @@ def test_a_users_wait_policy_or_the_switch_turns_it_off(monkeypatch: pytest.Monk
 
 
 @needs_libgomp
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="a step team needs two threads")
+@needs_step_team
 @pytest.mark.parametrize("backend", ["process", "thread"])
 def test_busy_workers_throttle_the_loops_spinning_until_shut_down(
     backend: str, monkeypatch: pytest.MonkeyPatch
@@ -184,7 +193,7 @@ def test_busy_workers_throttle_the_loops_spinning_until_shut_down(
 
 
 @needs_libgomp
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="a step team needs two threads")
+@needs_step_team
 def test_the_epochs_end_lets_go_of_the_throttle_while_persistent_workers_idle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -247,7 +256,7 @@ _SPIN_CHILD = textwrap.dedent(
 
 @needs_libgomp
 @pytest.mark.measures
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="a step team needs two threads")
+@needs_step_team
 def test_held_throttle_stops_the_teams_spinning_and_its_release_frees_its_team() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
@@ -273,11 +282,8 @@ def test_held_throttle_stops_the_teams_spinning_and_its_release_frees_its_team()
 @needs_libgomp
 def test_a_forked_child_starts_unheld() -> None:
     readings = Readings()
-    watch = _watch(readings)
+    watch = _engaged(readings, cores=2.0)
     try:
-        watch.poll()
-        readings.advance(INTERVAL_S, cores=2.0)
-        assert watch.poll() is not None and throttle_held()
         pid = os.fork()
         if pid == 0:  # the child: only the forking thread was copied, no throttling thread
             os._exit(0 if not throttle_held() and not _throttle_threads() else 1)

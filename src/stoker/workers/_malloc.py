@@ -23,7 +23,7 @@ import ctypes
 import os
 import platform
 
-__all__ = ["ENV_OFF", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "settle_malloc"]
+__all__ = ["ENV_OFF", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "settle_malloc", "wanted"]
 
 # glibc's dynamic ceiling on 64-bit machines (DEFAULT_MMAP_THRESHOLD_MAX), and the trim
 # threshold it pairs with a raised mmap threshold.
