@@ -211,3 +211,22 @@ def test_a_training_run_records_where_a_stoker_loader_ended(
     assert TrainSample(**json.loads(json.dumps(vars(sample)))) == sample
     old = {k: v for k, v in vars(sample).items() if k != "ended"}
     assert TrainSample(**old).ended is None
+
+
+def test_training_runs_and_the_memory_reference_take_the_plans_fewest_steps() -> None:
+    # A window of a few slow steps reads noise: the plan's floor holds however short the
+    # time bound, and the run's sampler is sized for it (a pass that ran out would raise).
+    from stoker.bench import make_plan
+    from stoker.bench._contenders import ContenderSpec
+    from stoker.bench._train import _memory_run, _train_run
+
+    data, w, plan, ideal = _small_run(train_run_s=0.0, fill_s=0.0, train_min_steps=40)
+    for spec in (ContenderSpec("stoker", 0), ContenderSpec("torch", 0)):
+        sample = _train_run(spec, data, w, plan, lambda batch: None, seed=1, ideal=ideal)
+        assert sample.steps == 40
+    memory = _memory_run([0, 1, 2], lambda batch: None, plan)
+    assert memory is not None and memory.steps == 40
+    assert make_plan(quick=False, cores=2).train_min_steps == 30
+    assert make_plan(quick=True, cores=2).train_min_steps == 0  # quick keeps its 0.4 s windows
+    with pytest.raises(ConfigError, match=r"`train_min_steps` must be >= 0\. Found: -1"):
+        dataclasses.replace(plan, train_min_steps=-1)

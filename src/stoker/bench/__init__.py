@@ -64,6 +64,9 @@ __all__ = [
 QUICK_GRID_WORKERS_PER_CORE = (0, 1, 2)
 PREFETCH_GRID = (2, 4)
 QUICK_REPEATS = 3
+# Steps each full-mode training run takes at least (jpeg's and shards' slow steps: about 5 s;
+# the others' 1.5 s windows already hold 15 to 190). Quick mode keeps its time windows.
+FULL_TRAIN_MIN_STEPS = 30
 FULL_REPEATS = 5
 # Seconds per timed run, warm-up, grid run, ideal measurement, auto's settling, ramp run and
 # untimed pipeline fill at the start of each timed run (tests shrink them).
@@ -186,6 +189,7 @@ def make_plan(
         ramp_s=timings.get("ramp_s", 0.0),
         fill_s=timings["fill_s"],
         train_run_s=timings["train_run_s"],
+        train_min_steps=0 if quick else FULL_TRAIN_MIN_STEPS,
     )
 
 
@@ -214,6 +218,7 @@ def _machine(plan: Plan) -> dict[str, Any]:
         "cuda": torch.cuda.is_available(),
         "start_method": plan.multiprocessing_context or multiprocessing.get_start_method(),
         "fill_s": plan.fill_s,  # untimed start of each timed run's epoch
+        "train_min_steps": plan.train_min_steps,  # each training run's floor
     }
 
 

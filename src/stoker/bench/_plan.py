@@ -62,6 +62,10 @@ class Plan:
             16; 0 skips them).
         train_shapes: the ``train`` family's step shapes (``"gpu"``, ``"cpu"``; empty: none).
         train_run_s: target seconds of a timed training-step run.
+        train_min_steps: steps a timed training-step run (and the fed-from-memory reference)
+            takes at least, whatever ``train_run_s`` says: a rate read from a few slow steps
+            is noise (jpeg's and shards' steps ran 7 to 10 to a 1.5 s window, heavytail's
+            a batch with a 150 ms wait in one of two).
         peers: optional libraries whose grids run beside torch's (those installed).
         peer_threads: SPDL thread counts its grid tries.
         peer_prefetch: torchdata.nodes prefetch factors its grid tries (with torch's worker
@@ -95,6 +99,7 @@ class Plan:
     fill_s: float = 0.0
     train_shapes: tuple[str, ...] = ()
     train_run_s: float = 1.0
+    train_min_steps: int = 0
     peers: tuple[str, ...] = ()
     peer_threads: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     peer_prefetch: tuple[int, ...] = (2, 4)
@@ -118,6 +123,8 @@ class Plan:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"`{name}` must be >= 0. Found: {getattr(self, name)!r}.")
+        if self.train_min_steps < 0:
+            raise ConfigError(f"`train_min_steps` must be >= 0. Found: {self.train_min_steps!r}.")
 
     def grid(self) -> list[ContenderSpec]:
         """torch's grid, then each installed peer's with no more points (its own knobs)."""

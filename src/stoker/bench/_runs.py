@@ -306,19 +306,21 @@ def open_run(
     rounds: int = 2,
     warm_up: bool = True,
     step: Callable[[Any], object] | None = None,
+    min_batches: int = 0,
 ) -> Iterator[OpenRun]:
     """Build ``spec``'s loader, warm it up (``steady`` mode), yield it, then shut it down.
 
-    A time-bounded run lasts ``run_s`` and at least ``rounds`` batches per worker (whole
-    rounds, so that the last round is not half empty). Without ``warm_up`` the run is the
-    loader's first epoch (its fill then includes starting the workers). ``step`` runs on
-    each warm-up batch: a training run's loader settles (``num_workers="auto"`` picks its
-    workers and backend) beside the step it will feed, not beside an idle loop. A loader
-    whose warm-up would not outlast its epoch (:attr:`ContenderSpec.warm_up_lasts`: torch's
-    non-persistent workers) skips it and runs the pass the others time after theirs.
+    A time-bounded run lasts ``run_s``, at least ``rounds`` batches per worker (whole rounds,
+    so that the last round is not half empty) and at least ``min_batches`` batches. Without
+    ``warm_up`` the run is the loader's first epoch (its fill then includes starting the
+    workers). ``step`` runs on each warm-up batch: a training run's loader settles
+    (``num_workers="auto"`` picks its workers and backend) beside the step it will feed, not
+    beside an idle loop. A loader whose warm-up would not outlast its epoch
+    (:attr:`ContenderSpec.warm_up_lasts`: torch's non-persistent workers) skips it and runs
+    the pass the others time after theirs.
     """
     baseline = TreeMeter.children_now()
-    min_batches = rounds * spec.width
+    min_batches = max(rounds * spec.width, min_batches)
     samples, warmup = _sampler_size(spec, dataset, workload, plan, run_s, ideal, min_batches)
     skipped = warm_up and warmup is not None and not spec.warm_up_lasts
     if skipped or not warm_up:

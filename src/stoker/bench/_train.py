@@ -190,6 +190,7 @@ def _train_run(
         ideal=ideal,
         step=step,
         warm_up=plan.warm_up,
+        min_batches=plan.train_min_steps,
     ) as run:
         it = iter(run.loader)
         try:
@@ -219,7 +220,12 @@ def _ended(loader: Any) -> str | None:
 
 
 def _memory_run(batches: list[Any], step: Step, plan: Plan) -> TrainSample | None:
-    return train_loop(itertools.cycle(batches), step, seconds=plan.train_run_s, min_steps=2)
+    return train_loop(
+        itertools.cycle(batches),
+        step,
+        seconds=plan.train_run_s,
+        min_steps=max(2, plan.train_min_steps),
+    )
 
 
 def bench_train(
