@@ -77,9 +77,13 @@ EARLY_SAMPLES = 128
 # caches gone cold), where a group of batches loaded inline runs warm. tiny, 2-core VM: inline
 # against 2-3 process workers, GPU-like step 42.4 against 39.9 steps/s (torch without workers
 # 41-42), CPU step 146 against 115 (benchmarks/README.md). Set where the child used to read
-# 1.5 ms with two samples of warm-up (1.3-1.6x the main process's time then); the margin over
-# tiny's reading is for a machine that runs slower than when it was measured.
-INLINE_BATCH_S = 1.2e-3
+# 1.5 ms with two samples of warm-up (1.3-1.6x the main process's time then). On 2026-11-28
+# the child read tiny at 0.61-1.17 ms, in two modes about 1.5x apart, and chose processes in
+# 2 of 12 loaders at 1.2 ms, which lost tiny's CPU step to torch without workers (86.6
+# against 98.0 steps/s); tiny's batch at 384 samples read 0.81-1.65 ms (inline ties processes
+# on the GPU-like step and leads the CPU step 96.4 to 79.9), at 512 samples 1.14-2.06 ms
+# (both steps tie, processes load 1.3x as fast): hence 1.3 ms (benchmarks/README.md).
+INLINE_BATCH_S = 1.3e-3
 # Private bytes per sample read above which forked workers are said to copy the dataset
 # (a Python object read in a random order dirties about one 4 KiB page).
 COW_BYTES_PER_SAMPLE = 1024
