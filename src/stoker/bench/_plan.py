@@ -120,11 +120,10 @@ class Plan:
             "ramp_s",
             "fill_s",
             "train_run_s",
+            "train_min_steps",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"`{name}` must be >= 0. Found: {getattr(self, name)!r}.")
-        if self.train_min_steps < 0:
-            raise ConfigError(f"`train_min_steps` must be >= 0. Found: {self.train_min_steps!r}.")
 
     def grid(self) -> list[ContenderSpec]:
         """torch's grid, then each installed peer's with no more points (its own knobs)."""
