@@ -6,7 +6,7 @@
 the main process; ``_loop.py`` is the code that runs inside each worker process;
 ``_collate.py`` lets torch's ``default_collate`` stack straight into a shared-memory slot;
 ``_errors.py`` carries exceptions from a worker to the main process with their type and
-traceback.
+traceback; ``_thread_caps.py`` caps each worker's native thread pools.
 """
 
 from stoker.workers._process import WorkerPool

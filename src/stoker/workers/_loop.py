@@ -19,14 +19,12 @@ import glob
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
-import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from stoker.sampling._seeding import WorkerSeeding
@@ -55,6 +53,7 @@ from stoker.workers._messages import (
 )
 from stoker.workers._queue import TaskQueue
 from stoker.workers._status import StatusTable
+from stoker.workers._thread_caps import cap_threads
 
 __all__ = ["RETIRE", "STOP", "WorkerSpec", "worker_main"]
 
@@ -143,22 +142,6 @@ def _lower_priority(nice: int) -> None:
     if nice > 0 and hasattr(os, "nice"):
         with contextlib.suppress(OSError):
             os.nice(nice)
-
-
-def _cap_threads(n: int) -> None:
-    torch.set_num_threads(n)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(var, str(n))
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(n)
-    except Exception:  # optional dependency; absent or a library it cannot drive
-        pass
-    cv2 = sys.modules.get("cv2")
-    if cv2 is not None:
-        with contextlib.suppress(Exception):
-            cv2.setNumThreads(n)
 
 
 def _fallback_code(enc: Any, arena: SlotArena, short: int) -> int:
@@ -394,7 +377,7 @@ def worker_main(
         signal_handling._set_worker_signal_handlers()
     if spec.pdeathsig:  # after torch's handlers, which include a SIGTERM one
         _set_pdeathsig(ppid, pool_files)
-    _cap_threads(spec.threads)
+    cap_threads(spec.threads)
     _lower_priority(spec.nice)
     settle_malloc()  # see workers._malloc: no fault-bound first epoch
     status.hello(spec.worker_id)

@@ -38,6 +38,7 @@ from stoker.workers._messages import BatchTask, EpochStart, Reply, from_wire, to
 from stoker.workers._queue import TaskQueue
 from stoker.workers._spawn import serialise_payload
 from stoker.workers._status import StatusTable
+from stoker.workers._thread_caps import inspect_pools
 
 __all__ = ["WorkerPool", "describe_exit", "torch_killed_sentence"]
 
@@ -160,6 +161,8 @@ class WorkerPool:
                 self.spill.close()
             raise
         self.retired: set[int] = set()
+        if self.start_method == "fork":
+            inspect_pools()  # forked workers inherit what it found (see workers._thread_caps)
         # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
         # from another thread they must not, since that fires when the *thread* exits.
         self._pdeathsig = threading.current_thread() is threading.main_thread()
