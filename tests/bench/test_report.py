@@ -245,3 +245,38 @@ def test_a_cold_and_warm_workload_compares_each_state_with_the_same_state() -> N
         "warm: stoker warm 1.33x slower than webdataset warm",
         "warm first batch 800 ms vs 500 ms (webdataset warm)",
     ]
+
+
+def _against(mine: tuple[float, ...], theirs: tuple[float, ...]) -> str:
+    """The verdict's first part: stoker (``mine``) against torch's best (``theirs``)."""
+    import dataclasses
+
+    from ._factories import contender
+
+    w = workload(stoker_rates=mine)
+    best = contender("torch nw=1 pf=4", "torch", ("torch-best",), *theirs, nw=1)
+    w = dataclasses.replace(w, contenders=(*w.contenders[:1], best, *w.contenders[2:]))
+    return verdict(w).split(";")[0]
+
+
+def test_runs_that_overlap_read_on_par_whatever_one_run_does_to_the_spread() -> None:
+    # 0.92x, beyond both half-range spreads (5%, 7%), yet stoker's best run beats torch's
+    # worst: three runs cannot tell these apart (the old rule said "1.09x slower").
+    text = _against((203.0, 213.0, 224.0), (216.0, 232.0, 248.0))
+    assert "on par" in text and "0.92x" in text and "runs overlap" in text, text
+    # All three below all three: told apart, both ways.
+    assert "1.10x slower" in _against((200.0, 205.0, 210.0), (215.0, 225.0, 230.0))
+    assert "1.10x faster" in _against((215.0, 225.0, 230.0), (200.0, 205.0, 210.0))
+    # One wild run of theirs no longer hides a difference every other run shows.
+    assert "slower" in _against((200.0, 201.0, 202.0), (220.0, 221.0, 800.0))
+    # Five against five: one overlapping pair still leaves p = 2/252.
+    five = _against((200.0, 201.0, 202.0, 203.0, 210.0), (209.0, 211.0, 212.0, 213.0, 214.0))
+    assert "slower" in five, five
+    # Inside the 3% band: on par, however far apart the runs.
+    assert "on par" in _against((200.0, 201.0, 202.0), (204.0, 205.0, 206.0))
+
+
+def test_fewer_runs_on_one_side_still_tell_a_clean_gap_apart() -> None:
+    # Three against two reach p = 0.1 at best: all of one above all of the other suffices.
+    assert "2.00x faster" in _against((300.0, 305.0, 310.0), (150.0, 155.0))
+    assert "on par" in _against((300.0, 305.0, 310.0), (150.0, 400.0))

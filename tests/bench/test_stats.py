@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stoker.bench._stats import Ideal, fraction_of, median, ratio, spread
+from stoker.bench._stats import Ideal, fraction_of, median, rank_p_lower, ratio, spread
 from stoker.errors import ConfigError
 
 
@@ -87,3 +88,42 @@ def test_ideal_validates_its_fields(kwargs: dict[str, float], match: str) -> Non
 def test_ideal_from_measurement_rejects_zero_samples() -> None:
     with pytest.raises(ConfigError, match="`samples`"):
         Ideal.from_measurement(cores=2, cpu_s=1.0, wall_s=1.0, samples=0)
+
+
+def test_rank_p_lower_known_values() -> None:
+    assert rank_p_lower([1, 2, 3], [4, 5, 6]) == pytest.approx(1 / 20)  # all below: 1 of 20
+    assert rank_p_lower([1, 2, 4], [3, 5, 6]) == pytest.approx(2 / 20)
+    assert rank_p_lower([4, 5, 6], [1, 2, 3]) == 1.0
+    assert rank_p_lower([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(1 / 252)
+    assert rank_p_lower([1], [2]) == 0.5
+    assert rank_p_lower([1, 2], [1, 2]) == pytest.approx(5 / 6)  # tied runs share ranks
+    assert rank_p_lower([3, 3], [3, 3, 3]) == 1.0
+    with pytest.raises(ConfigError, match="runs on both sides"):
+        rank_p_lower([], [1.0])
+
+
+def _by_enumeration(mine: list[float], theirs: list[float]) -> float:
+    """Every way of labelling the pooled runs as ``mine``, equally likely when both are equal."""
+    pooled = mine + theirs
+    n = len(mine)
+
+    def u(a: list[float], b: list[float]) -> float:
+        return sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in a for y in b)
+
+    seen = u(mine, theirs)
+    hits = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), n):
+        a = [pooled[i] for i in chosen]
+        b = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        total += 1
+        hits += u(a, b) <= seen
+    return hits / total
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=5),
+    st.lists(st.integers(0, 6), min_size=1, max_size=5),
+)
+def test_rank_p_lower_is_the_share_of_labellings_as_low(mine: list[int], theirs: list[int]) -> None:
+    a, b = [float(x) for x in mine], [float(x) for x in theirs]
+    assert rank_p_lower(a, b) == pytest.approx(_by_enumeration(a, b))

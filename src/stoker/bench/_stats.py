@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from stoker.errors import ConfigError
 
-__all__ = ["Ideal", "fraction_of", "median", "ratio", "spread"]
+__all__ = ["Ideal", "fraction_of", "median", "rank_p_lower", "ratio", "spread"]
 
 
 def median(values: Sequence[float]) -> float:
@@ -31,6 +31,45 @@ def median(values: Sequence[float]) -> float:
     if len(ordered) % 2:
         return float(ordered[mid])
     return (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def rank_p_lower(mine: Sequence[float], theirs: Sequence[float]) -> float:
+    """How likely runs of two equal contenders fall as low as ``mine`` fell against ``theirs``:
+    the exact one-sided p-value of the Mann-Whitney rank test (tied runs share their ranks).
+
+    Only the order of the runs counts, so one disturbed run moves it by one rank at most,
+    where it widens a half-range spread. Three runs against three can reach 0.05 at best: all
+    of ``mine`` below all of ``theirs``.
+
+    Raises:
+        ConfigError: if either is empty.
+    """
+    if not mine or not theirs:
+        raise ConfigError(
+            f"rank_p_lower needs runs on both sides. Found: {list(mine)!r}, {list(theirs)!r}."
+        )
+    n = len(mine)
+    pooled = sorted([*mine, *theirs])
+    # Doubled mid-ranks (whole numbers): tied runs share the mean of their ranks. U rises with
+    # the rank sum of ``mine``, so the p-value is the share of n-run subsets of the pooled
+    # runs whose rank sum is no larger than that of ``mine``.
+    doubled: dict[float, int] = {}
+    for first, value in enumerate(pooled):
+        if value not in doubled:
+            last = len(pooled) - 1 - pooled[::-1].index(value)
+            doubled[value] = first + last + 2
+    seen = sum(doubled[v] for v in mine)
+    top = sum(doubled[v] for v in pooled)
+    # ways[k][t]: subsets of k runs of those seen so far with doubled rank sum t.
+    ways = [[0] * (top + 1) for _ in range(n + 1)]
+    ways[0][0] = 1
+    for value in pooled:
+        r = doubled[value]
+        for k in range(n, 0, -1):
+            below, row = ways[k - 1], ways[k]
+            for t in range(top, r - 1, -1):
+                row[t] += below[t - r]
+    return sum(ways[n][: seen + 1]) / math.comb(len(pooled), n)
 
 
 def spread(values: Sequence[float]) -> float:

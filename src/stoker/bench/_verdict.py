@@ -3,20 +3,29 @@
 The verdict leads with ``num_workers="auto"`` (what the README recommends) against the best of
 torch's grid, in training steps/s first where the ``train`` family ran, then the loader-only
 throughput; then stoker at the same workers as torch; then each installed peer at its best.
-A ratio within the repeats' own spread reads "on par": no verdict calls stoker slower than the
-run can tell apart.
+A ratio the repeats cannot tell apart reads "on par": within :data:`PAR_BAND` of 1.0, or, with
+two runs or more each, where some run of the slower side reaches into the other's and its
+runs fall as low as they do with a chance above :data:`RANK_ALPHA` had both been equal (the
+exact rank test of :func:`~stoker.bench._stats.rank_p_lower`: three runs against three are
+told apart only when all of one side ran below all of the other). No verdict calls stoker
+slower, or faster, than the run can tell.
 """
 
 from __future__ import annotations
 
 from stoker.bench._result import ContenderResult, Ramp, WorkloadResult
-from stoker.bench._stats import ratio
+from stoker.bench._stats import rank_p_lower, ratio
 from stoker.bench._train_result import TrainContender, TrainTable
 
-__all__ = ["PAR_BAND", "compare", "verdict"]
+__all__ = ["PAR_BAND", "RANK_ALPHA", "apart", "compare", "verdict"]
 
-# Ratios closer than this to 1.0 read "on par", whatever the spread.
+# Ratios closer than this to 1.0 read "on par", whatever the runs.
 PAR_BAND = 0.03
+# Runs of two equal contenders fall as far apart as those seen with a chance above this: "on
+# par". The half-range spread it replaced let one run decide (a quick bench's tiny loader read
+# "1.09x slower" with stoker's runs reaching into torch's; the same loaders, six runs each in
+# one session, read 236k against 236k samples/s; benchmarks/README.md).
+RANK_ALPHA = 0.05
 # The verdict mentions memory when stoker's PSS differs from torch's by more than this.
 PSS_NOTE_BAND = 0.2
 
@@ -27,16 +36,41 @@ def _rate(c: Contender) -> float | None:
     return c.steps_per_s if isinstance(c, TrainContender) else c.samples_per_s
 
 
+def _rates(c: Contender) -> list[float]:
+    if isinstance(c, TrainContender):
+        return [r.steps_per_s for r in c.runs]
+    return [r.samples_per_s for r in c.runs]
+
+
+def apart(mine: Contender, theirs: Contender) -> bool:
+    """Whether the runs tell the two apart: the ratio of their medians lies beyond
+    :data:`PAR_BAND` and, with two runs or more each, every run of the slower side is below
+    every run of the other or the rank test's p-value for it is at most :data:`RANK_ALPHA`
+    (with a single run on a side, the ratio lies beyond the wider half-range spread)."""
+    r = ratio(_rate(mine), _rate(theirs))
+    if r is None or abs(r - 1) <= PAR_BAND:
+        return False
+    a, b = _rates(mine), _rates(theirs)
+    if len(a) < 2 or len(b) < 2:  # no rank test: beyond the wider half-range spread
+        return abs(r - 1) > max(mine.spread or 0.0, theirs.spread or 0.0)
+    low, high = (a, b) if r < 1 else (b, a)
+    # All of one side beyond all of the other is as far apart as their runs can tell (three
+    # runs against two reach p = 0.1 at best, and must not read "on par" at 2x).
+    return max(low) < min(high) or rank_p_lower(low, high) <= RANK_ALPHA
+
+
 def compare(mine: Contender, theirs: Contender, what: str) -> str | None:
-    """``"1.20x faster than WHAT"``, ``"1.20x slower than WHAT"`` or, where the ratio of the
-    medians lies within the larger of the two contenders' spreads (or :data:`PAR_BAND`),
-    ``"on par with WHAT (0.97x, spread ±5%)"``. ``None`` when either has no rate."""
+    """``"1.20x faster than WHAT"``, ``"1.20x slower than WHAT"`` or, where the runs cannot
+    tell the two apart (:func:`apart`), ``"on par with WHAT (0.97x, spread ±5%)"`` (the larger
+    of the two half-range spreads; ``", runs overlap"`` added where the ratio lies beyond it).
+    ``None`` when either has no rate."""
     r = ratio(_rate(mine), _rate(theirs))
     if r is None:
         return None
-    noise = max(PAR_BAND, mine.spread or 0.0, theirs.spread or 0.0)
-    if abs(r - 1) <= noise:
-        return f"on par with {what} ({r:.2f}x, spread ±{noise:.0%})"
+    if not apart(mine, theirs):
+        noise = max(PAR_BAND, mine.spread or 0.0, theirs.spread or 0.0)
+        overlap = ", runs overlap" if abs(r - 1) > noise else ""
+        return f"on par with {what} ({r:.2f}x, spread ±{noise:.0%}{overlap})"
     if r >= 1:
         return f"{r:.2f}x faster than {what}"
     return f"{1 / r:.2f}x slower than {what}"
