@@ -22,6 +22,7 @@ __all__ = [
     "batch_seed",
     "draw_base_seed",
     "epoch_seed",
+    "load_generators",
     "seed_all",
 ]
 
@@ -61,6 +62,13 @@ def epoch_seed(base_seed: int, epoch: int) -> int:
 def draw_base_seed(generator: torch.Generator | None) -> int:
     """An iterator's base seed, drawn as torch's iterators draw theirs."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def load_generators() -> None:
+    """Import numpy's random module here and now: numpy loads it on first use, which in a
+    worker is its first seeding, 26-28 ms of its start (and private pages) each; imported
+    before a fork, the workers share it (see ``stoker.workers._process``)."""
+    import numpy.random  # noqa: F401
 
 
 def seed_all(seed: int) -> None:

@@ -1,5 +1,6 @@
-"""A worker's native thread pools (OpenMP's, numpy's BLAS) get its share of the cores, found by
-the main process before the fork rather than by every worker after it."""
+"""What the main process prepares once before it forks workers, instead of every worker after
+the fork: finding the native thread pools each worker caps (OpenMP's, numpy's BLAS), and
+numpy's random module, which each worker's first seeding would import."""
 
 from __future__ import annotations
 
@@ -71,3 +72,37 @@ def test_the_main_process_inspects_again_only_after_an_import(
     _thread_caps.inspect_pools()
     assert _thread_caps._pools is not first
     assert isinstance(_thread_caps._pools, threadpoolctl.ThreadpoolController)
+
+
+CHILD = """
+import sys
+import torch.utils.data as tud
+import stoker
+
+class Numbers(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i
+
+if "numpy.random" in sys.modules:
+    print("preloaded")
+    raise SystemExit(0)
+loader = stoker.DataLoader(Numbers(), batch_size=2, num_workers=1, backend="process")
+it = iter(loader)
+print("before the first batch:", "numpy.random" in sys.modules)
+print(sorted(int(v) for b in it for v in b))
+"""
+
+
+def test_numpy_random_is_imported_once_before_the_fork_not_in_each_worker() -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    if "preloaded" in out:
+        pytest.skip("importing stoker already imports numpy.random here")
+    assert "before the first batch: True" in out, out
+    assert "[0, 1, 2, 3, 4, 5, 6, 7]" in out, out
