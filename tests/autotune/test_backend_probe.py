@@ -316,3 +316,34 @@ def test_the_serial_pass_warms_up_with_a_batch_of_cheap_samples_and_two_slow_one
     found = serial_pass(slow, collate, 16, len(slow), False, 0.05)
     assert collated[0] == 2
     assert len(slow.reads) == 2 + len(found.walls)
+
+
+def test_a_loader_the_probe_keeps_in_the_main_process_imports_no_worker_controller() -> None:
+    """The handover's and the controller's modules are for workers: a first ``iter()`` that
+    ends inline must not pay for importing them (16 ms on the 2-core VM)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch.utils.data as tud
+        import stoker
+
+        class Cheap(tud.Dataset):
+            def __len__(self):
+                return 10_000
+
+            def __getitem__(self, i):
+                return i
+
+        loader = stoker.DataLoader(Cheap(), batch_size=64, num_workers="auto")
+        next(iter(loader))
+        print(loader.stats().backend)
+        print(sorted(m for m in ("stoker.loader._switch", "stoker.autotune._controller")
+                     if m in sys.modules))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split("\n")
+    if out[0] != "inline":
+        pytest.skip(f"the probe chose {out[0]} on this machine")
+    assert out[1] == "[]", out

@@ -412,7 +412,6 @@ class DataLoader(tud.DataLoader[_T_co]):
         then runs with ``num_workers=0`` (and says why in :meth:`stats`).
         """
         from stoker.autotune._probe import choose_backend_isolated
-        from stoker.loader._switch import watch_workers
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
         collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
@@ -429,6 +428,10 @@ class DataLoader(tud.DataLoader[_T_co]):
         share = detail.get("wait_share")
         self._probed_wait_share = float(share) if isinstance(share, (int, float)) else None
         if backend == "thread" and detail.get("waits") and self._auto_workers:
+            # Imported here: the controller's modules it brings cost 16 ms of the first
+            # iter() that the main process's loading (tiny, inline) has no use for.
+            from stoker.loader._switch import watch_workers
+
             # Threads cover waits no better than processes, and far worse while the training
             # loop runs Python (it holds the GIL they need after every wait): processes first,
             # threads once the loop is seen to leave the GIL free (see stoker.loader._switch).
