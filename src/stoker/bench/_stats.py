@@ -7,6 +7,7 @@ apart the runs were. Ratios are ratios of medians measured in the same run.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,11 +54,9 @@ def rank_p_lower(mine: Sequence[float], theirs: Sequence[float]) -> float:
     # Doubled mid-ranks (whole numbers): tied runs share the mean of their ranks. U rises with
     # the rank sum of ``mine``, so the p-value is the share of n-run subsets of the pooled
     # runs whose rank sum is no larger than that of ``mine``.
-    doubled: dict[float, int] = {}
-    for first, value in enumerate(pooled):
-        if value not in doubled:
-            last = len(pooled) - 1 - pooled[::-1].index(value)
-            doubled[value] = first + last + 2
+    doubled = {
+        v: bisect.bisect_left(pooled, v) + bisect.bisect_right(pooled, v) + 1 for v in pooled
+    }
     seen = sum(doubled[v] for v in mine)
     top = sum(doubled[v] for v in pooled)
     # ways[k][t]: subsets of k runs of those seen so far with doubled rank sum t.

@@ -6,7 +6,7 @@ stays within the cores. threadpoolctl reaches the native pools torch's own setti
 library the process has loaded: 15-29 ms of a forked worker's start on the 2-core VM, before
 its first batch, and again in each worker. The main process walks them once, just before it
 forks a pool (:func:`inspect_pools`, 7-10 ms; again only after an import), and a forked
-worker only sets the limits on what it inherited (about 1 ms).
+worker only sets the limits on what it inherited (1-6 ms).
 """
 
 from __future__ import annotations
