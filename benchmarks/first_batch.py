@@ -36,7 +36,8 @@ def one_run(workload: str, kind: str, batches: int) -> dict[str, object]:
     stats = getattr(loader, "stats", None)
     notes = stats().notes if callable(stats) else []
     backend = getattr(loader, "_resolved_backend", "")
-    return {"first": first, "nth": nth, "backend": backend, "notes": notes[:1]}
+    head = any("beside the backend probe" in note for note in notes)  # stoker.loader._head
+    return {"first": first, "nth": nth, "backend": backend, "notes": notes[:1], "head": head}
 
 
 def main() -> None:
@@ -73,9 +74,11 @@ def main() -> None:
         nth = statistics.median(float(r["nth"]) for r in runs)  # type: ignore[arg-type]
         firsts = " ".join(f"{float(r['first']):.2f}" for r in runs)  # type: ignore[arg-type]
         backends = sorted({str(r["backend"]) for r in runs})
+        heads = sum(bool(r.get("head")) for r in runs)
         print(
             f"  {kind:<10} first batch {first:6.3f} s  {args.batches} batches {nth:6.3f} s  "
-            f"(firsts {firsts}) {','.join(b for b in backends if b)}",
+            f"(firsts {firsts}) {','.join(b for b in backends if b)}"
+            + (f", head start in {heads} of {len(runs)}" if heads else ""),
             flush=True,
         )
 

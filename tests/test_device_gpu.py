@@ -113,3 +113,21 @@ def test_copies_queued_behind_the_consumer_survive_the_epoch_boundary(num_worker
         assert idx.cpu().tolist() == list(range(first, first + 32)), b
         want = torch.stack([ds[i][0] for i in range(first, first + 32)]).cuda()
         assert torch.equal(x, want), b
+
+
+def test_the_head_starts_first_batch_arrives_on_the_device(monkeypatch):
+    """backend="auto": the batch loaded beside the probe (stoker.loader._head, forced here
+    for any batch) goes through the device stage like a worker's, copied ahead."""
+    import stoker.loader._head as head_mod
+
+    monkeypatch.setattr(head_mod, "HEAD_MIN_BATCH_S", 0.0)
+    ds = Pattern(128)
+    loader = stoker.DataLoader(ds, batch_size=16, num_workers=2, backend="auto", device="cuda")
+    seen = []
+    for x, idx in loader:
+        assert x.is_cuda and idx.is_cuda
+        want = torch.stack([ds[int(i)][0] for i in idx.cpu()]).cuda()
+        assert torch.equal(x, want)
+        seen.extend(int(i) for i in idx.cpu())
+    assert seen == list(range(len(ds)))
+    assert any("first batch loaded beside the backend probe" in n for n in loader.stats().notes)

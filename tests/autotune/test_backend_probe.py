@@ -201,7 +201,8 @@ def test_an_auto_loader_that_loads_inline_does_not_keep_an_epochs_iterator():
 
 def test_probe_child_does_not_hang_after_the_parent_used_openmp():
     """The bench's situation: torch loaders ran here (OpenMP pool live), a thread samples
-    memory, then a loader with ``num_workers="auto"`` forks its probe child."""
+    memory, then a loader with ``num_workers="auto"`` forks its probe child (and, its batches
+    being slow, the child that loads the first batch beside it)."""
     script = textwrap.dedent(
         """
         import threading, time
@@ -223,7 +224,9 @@ def test_probe_child_does_not_hang_after_the_parent_used_openmp():
                     consume(next(it))
                 del it
             loader = stoker.DataLoader(ds, batch_size=64, num_workers="auto")
-            consume(next(iter(loader)))
+            it = iter(loader)
+            consume(next(it))  # (from the head start: stoker.loader._head)
+            consume(next(it))  # the workers started with the probe's answer
             print(loader.stats().notes[0])
         """
     )

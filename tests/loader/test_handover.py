@@ -17,7 +17,7 @@ from _machine import measures_the_machine
 from stoker.autotune import _gil, _scaling
 from stoker.autotune._gil import GilMeter
 from stoker.autotune._probe import choose_backend
-from stoker.loader import _switch
+from stoker.loader import _head, _switch
 
 
 class Waiting(Dataset):
@@ -220,6 +220,8 @@ def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
     the processes give up the batches they load at their next sample, and threads load both;
     the batches the processes finished are delivered from their slots."""
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 10**6)  # decided below, not by the meter
+    # The pool must run from iter() on (no first batch loaded beside the probe first).
+    monkeypatch.setattr(_head, "HEAD_MIN_BATCH_S", float("inf"))
     # Four batches in flight per process: tasks stay queued behind the ones being loaded
     # however late the processes start (one CI run had none queued with the tuned depth).
     loader = stoker.DataLoader(Slow(), batch_size=8, num_workers="auto", prefetch_factor=4)

@@ -214,9 +214,10 @@ class SerialPass:
         return max(0.0, 1.0 - (sum(self.cpus) + self.queued) / serial) if serial > 0 else 0.0
 
 
-def _warm_up(dataset: Any, collate_fn: Any, indices: list[int], seconds: float) -> None:
+def _warm_up(dataset: Any, collate_fn: Any, indices: list[int], seconds: float) -> float:
     """Load and collate a batch (two samples at least, more while ``seconds`` last) before
-    the timed samples: first-use costs are not the dataset's (see :data:`WARM_UP_S`)."""
+    the timed samples: first-use costs are not the dataset's (see :data:`WARM_UP_S`).
+    Returns the seconds per sample it took, first-use costs included."""
     t0 = time.perf_counter()
     batch = []
     for k, i in enumerate(indices):
@@ -224,6 +225,7 @@ def _warm_up(dataset: Any, collate_fn: Any, indices: list[int], seconds: float) 
             break
         batch.append(dataset[i])
     collate_fn(batch)
+    return (time.perf_counter() - t0) / max(1, len(batch))
 
 
 def serial_pass(
@@ -234,6 +236,7 @@ def serial_pass(
     forked: bool,
     seconds: float,
     early: tuple[int, Callable[[float, float, float], bool]] | None = None,
+    on_warm: Callable[[float], None] | None = None,
 ) -> SerialPass:
     """Load spread samples of ``dataset`` (``n`` long) one at a time for about ``seconds``
     (a few at least), collating them ``size`` at a time; ``forked``: this is a forked child
@@ -241,9 +244,13 @@ def serial_pass(
 
     ``early``: ``(samples, settled)``: from that many samples on, the pass stops as soon as
     ``settled(waiting, waiting_all, copied)`` (the figures so far, see :class:`SerialPass`)
-    says more would not change the answer."""
+    says more would not change the answer. ``on_warm``: called once the warm-up is done,
+    with the seconds a batch would take at its pace (an overestimate: first uses included).
+    """
     order = [(k * _STRIDE) % n for k in range(min(n, MAX_SAMPLES))]
-    _warm_up(dataset, collate_fn, order[:size], min(WARM_UP_S, seconds / 4))
+    per_sample = _warm_up(dataset, collate_fn, order[:size], min(WARM_UP_S, seconds / 4))
+    if on_warm is not None:
+        on_warm(per_sample * size)
     shared0 = shared_dirty_bytes() if forked else None
     walls: list[float] = []
     cpus: list[float] = []

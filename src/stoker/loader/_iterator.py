@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 from torch.utils.data import dataloader as _torch_dl
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from stoker.autotune._scaling import AutoScaler
 from stoker.device import DeviceStage, make_stage
@@ -35,7 +36,8 @@ from stoker.faults import FailureTally
 from stoker.loader._base import StokerIterBase
 from stoker.loader._datapipes import next_epoch_seed, seeded_per_epoch, sharding_worker_init
 from stoker.loader._dispatch import TaskBook, batch_task
-from stoker.loader._epoch import DatasetChanges, EpochContext
+from stoker.loader._epoch import Arrived, DatasetChanges, EpochContext
+from stoker.loader._head import HeadStart
 from stoker.loader._openmp import spin_watch
 from stoker.loader._recovery import Supervisor
 from stoker.loader._replies import ReplyHandler, worker_stats
@@ -53,7 +55,15 @@ from stoker.sampling._seeding import epoch_seed
 from stoker.workers import WorkerPool
 from stoker.workers._errors import unpack_exception
 from stoker.workers._loop import WorkerSpec
-from stoker.workers._messages import EpochStart, Ready, Reply, Retired, StartFailed
+from stoker.workers._messages import (
+    BatchTask,
+    EpochStart,
+    Ready,
+    Reply,
+    Retired,
+    StartFailed,
+    ThreadBatch,
+)
 from stoker.workers._process import worker_pid
 from stoker.workers._spawn import check_main_guard, fallback_backend
 from stoker.workers._threads import ThreadPool
@@ -103,7 +113,32 @@ class MultiWorkerIterator(StokerIterBase):
         self._device_stage: DeviceStage | None = None
         self._changes = DatasetChanges(self._dataset)
         self._started = time.monotonic()
+        self._notes: list[str] = list(settings.notes)
+        self._backend = settings.backend
+        self._scaler: AutoScaler | None = None
+        self._workers: list[Any] = []
+        self._ready: set[int] = set()
+        self._next_death_check = 0.0
+        self._spin: Any = None
+        # Where the backend probe found batches slow, a child loads the first batch beside it
+        # and the workers start once it is delivered, with the probe's answer (stoker.loader.
+        # _head): till then the loader is kept here, and the first task if a worker loads it.
+        self._head: HeadStart | None = None
+        self._probe: Any = None
+        self._deferred: Any = None
+        self._epoch_request: int | None = None
+        self._first_task: BatchTask | None = None
+        if loader._head is not None:
+            (self._head, self._probe), loader._head = loader._head, None
+            self._deferred = loader
+        _LIVE.add(self)
+        if self._deferred is None:
+            self._start_workers(loader)
+        self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
+    def _start_workers(self, loader: Any) -> None:
+        """Start the pool with the loader's settings (taken in ``__init__``)."""
+        settings = self._settings
         ctx = settings.mp_context or mp.get_context()
         directory = shared_memory_directory(spill=not settings.shm_require)
         self._spec_base: dict[str, Any] = spec_fields(
@@ -123,11 +158,10 @@ class MultiWorkerIterator(StokerIterBase):
         payload = self._payload = (self._dataset, self._collate_fn, init)
         # Where processes cannot start (a daemonic Pool worker), threads, with one warning.
         self._backend = fallback_backend(settings.backend, ctx.get_start_method())
-        self._notes: list[str] = list(settings.notes)
         size = size_pool(
             settings, self._backend, self._num_workers, self._prefetch, self._iterable, self._notes
         )
-        self._scaler: AutoScaler | None = size.scaler
+        self._scaler = size.scaler
         specs = self._specs(size.workers)
         self._pool = start_pool(self._backend, ctx, specs, payload, size.capacity)
         self._slots = slot_map(self._pool, self._device is not None or self._pin_memory)
@@ -140,12 +174,8 @@ class MultiWorkerIterator(StokerIterBase):
             assert self._scaler is not None
             running = len(self._pool.active)
             self._handover = Handover(self._scaler, running, loader, self._started)
-        self._ready: set[int] = set()
-        self._next_death_check = 0.0
         me = weakref.ref(self)  # no cycle: the iterator's collection shuts its workers down
         self._spin = spin_watch(lambda: getattr(me(), "_pool", None))  # see loader._openmp
-        _LIVE.add(self)
-        self._reset(loader, first_iter=True, rng_at_start=rng_at_start)
 
     def _specs(self, n: int) -> list[WorkerSpec]:
         """One :class:`WorkerSpec` per worker of a pool of ``n``."""
@@ -159,6 +189,8 @@ class MultiWorkerIterator(StokerIterBase):
     def _reset(self, loader: Any, first_iter: bool = False, rng_at_start: Any = None) -> None:
         resume: EpochState | None = loader._resume_state
         loader._resume_state = None
+        if not first_iter and self._deferred is not None:  # left before its workers started
+            self._finish_start()
         if not first_iter:
             rng_at_start = EpochState.capture_rng(loader.generator)
             super()._reset(loader)
@@ -171,13 +203,14 @@ class MultiWorkerIterator(StokerIterBase):
             self._sampler_iter = iter(self._index_sampler)
         seed = self._ctx.seed = epoch_seed(int(self._base_seed), self._iter_epoch)
         pool = self._pool
-        if pool is None or pool.closed:
+        deferred = first_iter and self._deferred is not None
+        if not deferred and (pool is None or pool.closed):
             return
         if self._handover is not None:
             self._handover.handback = {}  # tasks of the last epoch taken back for threads
         self._generation += 1
         last = self._ctx
-        if last.book.outstanding:
+        if last.book.outstanding and pool is not None:
             # The last epoch was abandoned (early `break`): forget what it left behind.
             if not self._iterable:
                 pool.drain_tasks()
@@ -185,7 +218,6 @@ class MultiWorkerIterator(StokerIterBase):
                 self._replies.discard(arrived.reply)
         epoch = resume.epoch if resume is not None else loader._epochs_started
         loader._epochs_started = epoch + 1
-        pool.status.set_epoch(epoch)  # workers give up the last epoch's batches
         state = EpochState(
             epoch=epoch,
             rng=rng_at_start if resume is None or resume.rng is None else resume.rng,
@@ -211,13 +243,90 @@ class MultiWorkerIterator(StokerIterBase):
             if not first_iter:
                 self._scaler.new_epoch()
         self._tally.new_epoch()
+        request, loader._epoch_request = loader._epoch_request, None
+        if deferred or pool is None:
+            self._epoch_request = request  # for the workers, once they start
+            return
+        self._start_epoch(pool, request, jump_states)
+
+    def _start_epoch(self, pool: Any, request: int | None, jump_states: Any = None) -> None:
+        """Tell the workers the epoch has begun, and dispatch its first tasks."""
+        pool.status.set_epoch(self._ctx.epoch)  # workers give up the last epoch's batches
         start = self._changes.start(
-            epoch, loader._epoch_request, jump_states, pickled=self._backend == "process"
+            self._ctx.epoch, request, jump_states, pickled=self._backend == "process"
         )
-        loader._epoch_request = None
         for i in pool.active:
             pool.send_ctrl(i, start)
+        if self._first_task is not None:  # (the head start gave no first batch)
+            pool.put_task(self._first_task)
+            self._first_task = None
         self._fill()
+
+    # -- the head start ------------------------------------------------------------------
+
+    def _head_batch(self) -> tuple[int, Any] | None:
+        """The first batch, if the child that loaded it beside the probe gives it (the
+        workers start at the next call); else the workers start now and load it."""
+        head, self._head = self._head, None
+        book, ctx = self._ctx.book, self._ctx
+        if head is not None and book.issued == 0 and not ctx.sampler_done:
+            t0 = time.perf_counter()
+            try:
+                index = self._next_index()
+            except StopIteration:
+                ctx.sampler_done = True
+            else:
+                idx = book.issue(index)
+                task = batch_task(ctx.epoch, ctx.seed, idx, index)
+                if not head.claims(index, task.seed):
+                    self._first_task = task  # (another first batch: the sampler's own entropy)
+                else:
+                    batch = head.take()
+                    if batch is None:
+                        self._first_task = task
+                        self._notes.append("the head start gave no first batch: a worker loads it")
+                    else:
+                        return self._deliver_head(idx, index, batch, time.perf_counter() - t0)
+            finally:
+                head.close()
+        self._finish_start()
+        return None
+
+    def _deliver_head(self, idx: int, index: Any, batch: Any, waited: float) -> tuple[int, Any]:
+        """Deliver the head start's batch as task ``idx`` (what ReplyHandler.deliver does)."""
+        book, ctx = self._ctx.book, self._ctx
+        book.complete(idx, Arrived(ThreadBatch(ctx.epoch, idx, -1, (), (), batch, []), index, None))
+        book.pop()
+        if ctx.state is not None:
+            ctx.state.delivered.add(idx)
+        self._tally.delivered(len(index) if self._auto_collation else 1, ())
+        if self._pin_memory:
+            batch = _pin_memory(batch, self._pin_memory_device)
+        ctx.wait_s += waited
+        self._notes.append(
+            f"first batch loaded beside the backend probe, {time.monotonic() - self._started:.2f}s"
+            " after iter(); the workers start at the next batch"
+        )
+        return idx, batch
+
+    def _finish_start(self) -> None:
+        """Take the probe's answer and start the workers (the head start is over)."""
+        loader, self._deferred = self._deferred, None
+        probe, self._probe = self._probe, None
+        if self._head is not None:
+            self._head.close()
+            self._head = None
+        loader._finish_probe(probe)
+        settings = self._settings = loader._worker_settings()
+        self._num_workers = loader.num_workers
+        self._ctx.workers = self._num_workers
+        if self._ctx.state is not None:
+            self._ctx.state.workers = self._num_workers
+        self._notes = list(settings.notes) + self._notes
+        self._start_workers(loader)
+        assert self._pool is not None
+        request, self._epoch_request = self._epoch_request, None
+        self._start_epoch(self._pool, request)
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -311,6 +420,10 @@ class MultiWorkerIterator(StokerIterBase):
         return self._next_host()[1]
 
     def _next_host(self) -> tuple[int, Any]:
+        if self._deferred is not None:
+            first = self._head_batch()
+            if first is not None:
+                return first
         t0 = time.perf_counter()
         book = self._ctx.book
         if self._ctx.let_go:  # the epoch goes on after all: the workers get them back
@@ -499,6 +612,17 @@ class MultiWorkerIterator(StokerIterBase):
     # -- state, stats and shutdown -------------------------------------------------------
 
     def stats(self) -> LoaderStats:
+        if self._deferred is not None:  # the head start's batch delivered, no worker yet
+            return LoaderStats(
+                backend="process",
+                num_workers=0,
+                epoch=max(0, self._ctx.epoch),
+                batches=self._ctx.book.delivered,
+                samples=self._tally.samples,
+                wait_s=self._ctx.wait_s,
+                failures=len(self._tally.log),
+                notes=tuple(self._notes[-20:]),
+            )
         pool = self._pool
         ids = pool.active if pool is not None else list(range(len(self._workers)))
         elapsed = max(1e-9, time.monotonic() - self._started)
@@ -525,6 +649,15 @@ class MultiWorkerIterator(StokerIterBase):
             self._device_stage.close()  # no slot is unmapped or refilled under a copy
         if self._handover is not None:
             self._handover.stop()
+        head, probe = getattr(self, "_head", None), getattr(self, "_probe", None)
+        if head is not None:
+            head.close()
+        loader = getattr(self, "_deferred", None)
+        if loader is not None and probe is not None:
+            loader._pending_probe = probe  # its answer is the loader's (taken at the next iter)
+        elif probe is not None:
+            probe.close()
+        self._head = self._probe = self._deferred = None
         spin = getattr(self, "_spin", None)  # (absent if __init__ failed before it)
         if spin is not None:
             spin.close()

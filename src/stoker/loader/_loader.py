@@ -301,6 +301,12 @@ class DataLoader(tud.DataLoader[_T_co]):
         # The share of loading time the probe's serial pass spent waiting (None: not probed):
         # the num_workers="auto" controller starts from it (Controller.assume_blocked).
         self._probed_wait_share: float | None = None
+        # (the child loading the first batch, the probe still running): for the first
+        # iterator to take (stoker.loader._head).
+        self._head: tuple[Any, Any] | None = None
+        # That probe, left by an iterator stopped before its workers started: its answer is
+        # taken at the next iter().
+        self._pending_probe: Any = None
 
     def _init_state(self, distributed: bool) -> None:
         """The loader's own state: failures, epochs, resume, and a distributed coordinator."""
@@ -332,6 +338,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             # and its sampler's pass) for the loader's life, though each epoch gets a fresh
             # one (benchmarks/memory_pss.py shows the memory).
             self._resolve_backend()
+        if self._pending_probe is not None:
+            probe, self._pending_probe = self._pending_probe, None
+            self._finish_probe(probe, workers_started=False)
         if getattr(self._iterator, "shut_down", False):
             # Persistent workers stopped by an error the loop caught (a worker's death, say):
             # this epoch starts fresh ones, instead of failing for want of workers.
@@ -409,21 +418,56 @@ class DataLoader(tud.DataLoader[_T_co]):
         """``backend="auto"``: probe once, in a forked child, and keep the answer.
 
         With ``num_workers="auto"`` the answer may be to load in the main process: the loader
-        then runs with ``num_workers=0`` (and says why in :meth:`stats`).
+        then runs with ``num_workers=0`` (and says why in :meth:`stats`). Where the probe's
+        warm-up finds batches slow, a second child starts loading the epoch's first batch and
+        the answer is taken later, by the iterator, once that batch is delivered (see
+        :mod:`stoker.loader._head`).
         """
-        from stoker.autotune._probe import choose_backend_isolated
+        from stoker.autotune._probe import ProbeChild, choose_backend_isolated
+        from stoker.loader._head import HEAD_MIN_BATCH_S, HeadStart
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
         collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
+        size = self.batch_size or 1
+        if iterable or not hasattr(os, "fork") or not HeadStart.eligible(self):
+            detail: dict[str, Any] = {}
+            backend, why = choose_backend_isolated(
+                self.dataset,
+                collate,
+                size,
+                iterable,
+                allow_inline=self._auto_workers,
+                detail=detail,
+            )
+            self._apply_probe(backend, why, detail)
+            return
+        probe = ProbeChild.start(self.dataset, collate, size, self._auto_workers, HEAD_MIN_BATCH_S)
+        if probe.wait_slow():
+            head = HeadStart.start(self)
+            if head is not None:
+                # Workers, whatever the answer: loading in the main process is for batches
+                # far quicker than the warm-up's.
+                self._resolved_backend = "process"
+                self._head = (head, probe)
+                return
+        detail = {}
+        backend, why = probe.answer(detail)
+        self._apply_probe(backend, why, detail)
+
+    def _finish_probe(self, probe: Any, workers_started: bool = True) -> None:
+        """Take the answer of a probe :meth:`_resolve_backend` left running (the iterator
+        calls it once the head start's batch is delivered; ``__iter__`` when that iterator
+        stopped before, ``workers_started=False``)."""
         detail: dict[str, Any] = {}
-        backend, why = choose_backend_isolated(
-            self.dataset,
-            collate,
-            self.batch_size or 1,
-            iterable,
-            allow_inline=self._auto_workers,
-            detail=detail,
-        )
+        backend, why = probe.answer(detail)
+        if backend == "inline" and workers_started:  # the iterator already loads with workers
+            why = f"{why}; workers all the same: the first batch was loaded beside the probe"
+            backend = "process"
+        self._resolved_backend = "auto"
+        self._apply_probe(backend, why, detail)
+
+    def _apply_probe(self, backend: str, why: str, detail: dict[str, Any]) -> None:
+        """Resolve ``backend="auto"`` to the probe's answer."""
         self._backend_notes.append(f"backend={backend}: {why}")
         share = detail.get("wait_share")
         self._probed_wait_share = float(share) if isinstance(share, (int, float)) else None

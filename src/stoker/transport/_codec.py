@@ -33,12 +33,12 @@ from __future__ import annotations
 import io
 import pickle
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from stoker.transport._slots import ALIGN, HEADER_BYTES, SlotArena, SlotMap, release
+from stoker.transport._slots import ALIGN, HEADER_BYTES, SlotMap, _Slot, release
 
 __all__ = ["EncodedBatch", "decode", "encode"]
 
@@ -79,6 +79,19 @@ _MAX_ITEMSIZE = max(_ITEMSIZE)
 # resolved by a copy), set again on decode.
 _CONJ = 1
 _NEG = 2
+
+
+class Arena(Protocol):
+    """Where :func:`encode` places a batch: a worker's :class:`SlotArena`, or the one-batch
+    arena of :mod:`stoker.transport._handoff`."""
+
+    current: _Slot | None
+
+    def alloc(self, nbytes: int) -> torch.Tensor | None: ...
+
+    def reserve(self, needed: int) -> bool: ...
+
+    def seal(self) -> str | None: ...
 
 
 def _aligned(n: int) -> int:
@@ -228,7 +241,7 @@ def _flags(t: torch.Tensor, code: int) -> int:
     return (_CONJ if conj else 0) | (_NEG if t.is_neg() else 0)
 
 
-def _place(pickler: _LeafPickler, arena: SlotArena) -> list[Any] | None:
+def _place(pickler: _LeafPickler, arena: Arena) -> list[Any] | None:
     """Place the planned leaves in the arena's current slot; their table, or None if full.
 
     A tensor that views the slot's own storage past its header (what collation wrote there
@@ -296,7 +309,7 @@ class EncodedBatch:
         self.fallback = fallback
 
 
-def encode(batch: Any, arena: SlotArena) -> EncodedBatch:
+def encode(batch: Any, arena: Arena) -> EncodedBatch:
     """Place ``batch``'s tensors and arrays in a slot and pickle the rest into a header.
 
     The arena's current slot may already hold tensors that collation wrote in place. When the
@@ -388,14 +401,17 @@ class _ViewUnpickler(pickle.Unpickler):
         return obj
 
 
-def decode(payload: bytes, slot: str | None, slots: SlotMap, buf: Any = None) -> Any:
+def decode(payload: bytes, slot: str | None, slots: SlotMap | None, buf: Any = None) -> Any:
     """Rebuild a batch; its tensors view the slot, which is freed when the last view dies.
 
-    ``buf``: the slot's mapping, if the caller opened it already (``slots.open(slot)``).
+    ``buf``: the slot's mapping, if the caller opened it already (``slots.open(slot)``);
+    required when ``slots`` is None.
     """
     if slot is None:
         return pickle.loads(payload)
     if buf is None:
+        if slots is None:
+            raise ValueError(f"slot {slot!r} needs a SlotMap or its mapping to decode")
         buf = slots.open(slot)
     owner = np.frombuffer(buf, dtype=np.uint8)
     finalizer = weakref.finalize(owner, release, buf)

@@ -14,7 +14,7 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["map_file"]
+__all__ = ["map_fd", "map_file"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -69,14 +69,26 @@ def map_file(path: str, size: int | None = None) -> Any:
     """
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        if size is None:
-            size = os.fstat(fd).st_size
-        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        return map_fd(fd, size, path)
     finally:
         os.close(fd)
+
+
+def map_fd(fd: int, size: int | None = None, what: str = "") -> Any:
+    """Map the open file ``fd`` (read-write, shared) as :func:`map_file` maps a path; the
+    mapping does not keep ``fd``, which the caller closes.
+
+    Raises:
+        OSError: if the file cannot be mapped (``what`` names it in the message).
+    """
+    if size is None:
+        size = os.fstat(fd).st_size
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
-        raise OSError(err, f"mmap of {path} ({size} bytes) failed: {os.strerror(err)}")
+        raise OSError(
+            err, f"mmap of {what or f'fd {fd}'} ({size} bytes) failed: {os.strerror(err)}"
+        )
     # A subclass per size gets a __dict__, so the array can own its unmapper.
     array_type: Any = type("SlotBytes", (ctypes.c_uint8 * size,), {})
     buf = array_type.from_address(addr)

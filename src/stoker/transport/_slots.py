@@ -55,6 +55,18 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+def bump(slot: _Slot | None, top: int, nbytes: int) -> tuple[torch.Tensor | None, int]:
+    """``nbytes`` of ``slot`` from offset ``top`` (aligned) as a uint8 tensor, and the offset
+    after them; ``(None, top)`` when they do not fit (or there is no slot)."""
+    if slot is None:
+        return None, top
+    start = _round_up(top, ALIGN)
+    end = start + nbytes
+    if end > slot.size:
+        return None, top
+    return slot.base[start:end], end
+
+
 def slot_prefix(owner_pid: int, pool_id: int) -> str:
     """File-name prefix of every slot of worker pool ``pool_id`` of main process ``owner_pid``."""
     return f"{SLOT_PREFIX}{owner_pid}-{pool_id}-"
@@ -256,15 +268,8 @@ class SlotArena:
 
     def alloc(self, nbytes: int) -> torch.Tensor | None:
         """``nbytes`` of the current slot as a uint8 tensor, or None when it does not fit."""
-        slot = self.current
-        if slot is None:
-            return None
-        start = _round_up(self._top, ALIGN)
-        end = start + nbytes
-        if end > slot.size:
-            return None
-        self._top = end
-        return slot.base[start:end]
+        got, self._top = bump(self.current, self._top, nbytes)
+        return got
 
     def seal(self) -> str | None:
         """Mark the current slot BUSY (handed to the main process); returns its name."""

@@ -1,0 +1,243 @@
+"""The epoch's first batch, loaded while the backend probe runs (``backend="auto"``).
+
+With ``backend="auto"`` the first ``iter()`` probes the dataset in a forked child before a
+worker starts (:mod:`stoker.autotune._probe`), and the workers started once it answered: the
+first batch came after the probe, the pool's start and the batch's own loading, one after the
+other (2-core VM, medians: jpeg 1,111 ms against 466 ms for torch's ``num_workers=0``, large
+614 against 56). Now, where the probe's warm-up shows batches taking :data:`HEAD_MIN_BATCH_S`
+or more, the loader forks a second child, at the workers' priority (the probe keeps the higher
+one its timings need), that loads the batch the epoch starts with as a worker would (the same
+indices, seed and collation), and ``iter()`` returns without waiting for the probe's answer.
+The first ``next()`` returns that batch (through :mod:`stoker.transport._handoff`); the second
+takes the probe's answer, which has come meanwhile, and starts the workers from batch 1.
+
+The batch is used only where it is the one a worker would load: the child names the indices
+and seed it drew before it loads, and the iterator compares them with its own first task (a
+sampler with entropy of its own, or a changed generator, makes the workers load it instead);
+a child that fails, meets a failed sample, or takes longer than :data:`HEAD_DEADLINE_S` leaves
+the batch to the workers too, whose error then carries its type and traceback. Not tried with
+a ``worker_init_fn`` (workers run it before loading; the child would not), a resumed epoch,
+an iterable dataset or a datapipe, or where there is no ``fork`` or ``memfd_create``. Loading
+that batch in the main process instead is not an option: what reading opens there (an h5py
+file, an LMDB environment) the forked workers would inherit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import pickle
+import select
+import signal
+import socket
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch.utils.data as tud
+
+from stoker.sampling._seeding import batch_seed, load_generators, seed_all
+from stoker.transport._handoff import pack, unpack
+
+__all__ = ["HEAD_DEADLINE_S", "HEAD_MIN_BATCH_S", "HeadStart"]
+
+# A batch the probe's warm-up sees taking this long or more gets a head start: below it, a
+# second fork of the training process (7-14 ms of its time on the 2-core VM) costs more than
+# loading the batch once the workers run.
+HEAD_MIN_BATCH_S = 0.025
+# Longest the iterator waits for the child to name the batch it loads (it does so before
+# loading, milliseconds after its start), and for the batch itself before a worker loads it.
+HEAD_CLAIM_S = 2.0
+HEAD_DEADLINE_S = 10.0
+_PROTOCOL = 5
+# Largest message the child sends (a first batch of about 100,000 indices); a longer one is
+# cut short and read as no message (the workers load the batch).
+_MSG_BYTES = 1 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+class HeadStart:
+    """A forked child loading the epoch's first batch (the parent's handle on it).
+
+    Made by :meth:`start`; the iterator asks :meth:`claims` whether the child loads its first
+    task, then :meth:`take` for the batch, and :meth:`close` in any case.
+    """
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self._sock = sock
+        self.started = time.monotonic()
+        self.index: Any = None  # the first task's indices, once claimed
+        self._reap = weakref.finalize(self, _end_child, pid, sock)
+
+    @staticmethod
+    def eligible(loader: Any) -> bool:
+        """Whether a head start can load ``loader``'s next first batch as a worker would."""
+        dataset = loader.dataset
+        return (
+            hasattr(os, "fork")
+            and hasattr(os, "memfd_create")
+            and hasattr(socket, "send_fds")
+            and not isinstance(dataset, (tud.IterableDataset, tud.MapDataPipe))
+            and loader.worker_init_fn is None
+            and getattr(loader, "_resume_state", None) is None
+        )
+
+    @classmethod
+    def start(cls, loader: Any) -> HeadStart | None:
+        """Fork the child (it starts loading at once); None if it cannot be started."""
+        try:
+            parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            return None
+        load_generators()  # imported once here, not in the child (see load_generators)
+        main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            pid = os.fork()
+        except OSError:
+            parent_sock.close()
+            child_sock.close()
+            return None
+        if pid == 0:  # pragma: no cover - child
+            parent_sock.close()
+            _child(loader, child_sock, main_thread)
+        child_sock.close()
+        return cls(pid, parent_sock)
+
+    def claims(self, index: Any, seed: int) -> bool:
+        """Whether the child loads the task with ``index`` and ``seed`` (the epoch's first).
+        Closes the child when it does not."""
+        msg = self._receive(HEAD_CLAIM_S)
+        claim: tuple[Any, ...] = msg[0] if msg is not None else ()
+        if len(claim) == 3 and claim[0] == "claim" and claim[2] == seed:
+            with contextlib.suppress(Exception):  # an index that cannot be pickled
+                if claim[1] == pickle.dumps(index, protocol=_PROTOCOL):
+                    self.index = index
+                    return True
+        self.close()
+        return False
+
+    def take(self) -> Any:
+        """The batch (views of the child's memory file); None when the child gave none by
+        :data:`HEAD_DEADLINE_S` after its start, failed, or met a failed sample. Closes the
+        child."""
+        try:
+            left = self.started + HEAD_DEADLINE_S - time.monotonic()
+            msg = self._receive(max(0.0, left))
+            if msg is None:
+                return None
+            found, fds = msg
+            if len(found) != 4 or found[0] != "batch" or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                return None
+            try:
+                return unpack(fds[0], *found[1:])
+            except Exception:  # (a worker loads the batch again, and raises what it raises)
+                return None
+            finally:
+                os.close(fds[0])
+        finally:
+            self.close()
+
+    def _receive(self, timeout: float) -> tuple[Any, list[int]] | None:
+        """The child's next message and the descriptors it passed; None on a timeout or
+        once the child is gone."""
+        try:
+            if not select.select([self._sock], [], [], timeout)[0]:
+                return None
+            data, fds, _, _ = socket.recv_fds(self._sock, _MSG_BYTES, 1)
+        except OSError:
+            return None
+        if not data:
+            return None
+        try:
+            # The child is a fork of this process, started by it: its message is this
+            # process's own data, not input from elsewhere.
+            msg = pickle.loads(data)
+        except Exception:  # cut short: longer than _MSG_BYTES
+            msg = ()
+        if not isinstance(msg, tuple):
+            msg = ()
+        return msg, list(fds)
+
+    def close(self) -> None:
+        """Stop the child if it still runs, reap it, and drop anything it sent."""
+        self._reap()
+
+
+def _end_child(pid: int, sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, 0)
+    # A batch sent and never read holds its memory file while the socket lives, and the
+    # workers forked since hold the socket: close what is queued.
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        while True:
+            data, fds, _, _ = socket.recv_fds(sock, _MSG_BYTES, 1)
+            for fd in fds:
+                os.close(fd)
+            if not data:
+                break
+    sock.close()
+
+
+def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # pragma: no cover
+    """Load the epoch's first batch as a worker would, send it, and exit (never returns)."""
+    code = 0
+    try:
+        if main_thread:  # (from another thread the signal would come when *it* exits)
+            with contextlib.suppress(Exception):
+                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        gc.freeze()  # inherited objects are never collected here (pages stay shared)
+        import torch
+
+        # A forked child must not use the OpenMP pool its parent used (libgomp is not
+        # fork-safe); workers load with one thread too.
+        torch.set_num_threads(1)
+        if loader.worker_nice > 0:
+            with contextlib.suppress(OSError):
+                os.nice(loader.worker_nice)
+        workers = loader.num_workers
+        # The iterator torch's num_workers=0 would make: it draws the base seed and the
+        # sampler's first indices as the parent's iterator is about to.
+        loader.num_workers = 0
+        loader.pin_memory = False
+        loader.device = None
+        loader._inline_ahead = False
+        from stoker.loader._inline import InlineIterator
+
+        it = InlineIterator(loader)
+        index = it._next_index()
+        seed = batch_seed(it._epoch_seed, 0)
+        _send(sock, ("claim", pickle.dumps(index, protocol=_PROTOCOL), seed))
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=0, num_workers=workers, seed=int(it._base_seed), dataset=loader.dataset
+        )
+        seed_all(seed)
+        batch, failures = it._fetcher.fetch(index, seed)
+        packed = None if failures else pack(batch)
+        if packed is None:
+            _send(sock, ("failed",))
+        else:
+            fd, place = packed
+            _send(sock, ("batch", *place), fd)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _send(sock: socket.socket, msg: tuple[Any, ...], fd: int | None = None) -> None:
+    data = pickle.dumps(msg, protocol=_PROTOCOL)
+    if fd is None:
+        sock.send(data)  # (a packet socket sends a message whole or not at all)
+    else:
+        socket.send_fds(sock, [data], [fd])

@@ -1,0 +1,263 @@
+"""The first batch loaded while the backend probe runs (stoker.loader._head): it is the batch a
+worker would have loaded, it is used only when the parent's first task is the one the child
+loaded, and a child that fails, hangs or is not needed leaves nothing behind (the conftest's
+leak check: processes, fds, shared memory)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _datasets import SampleError
+from torch.utils.data import Dataset, Sampler
+
+import stoker
+import stoker.loader._head as head_mod
+from stoker.loader._head import HeadStart
+
+HANG_GUARD_S = 120
+# Each sample's CPU work: a batch of 8 takes about 4 ms, over the probe's limit for loading in
+# the main process (so the loader starts workers) and quick for a test.
+SPIN_S = 0.0005
+HEAD_NOTE = "first batch loaded beside the backend probe"
+FALLBACK_NOTE = "the head start gave no first batch"
+
+pytestmark = pytest.mark.timeout(HANG_GUARD_S)
+SHIPPED_THRESHOLD_S = head_mod.HEAD_MIN_BATCH_S
+
+
+@pytest.fixture(autouse=True)
+def every_batch_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every probe's warm-up starts a head start (the real threshold needs 25 ms batches)."""
+    monkeypatch.setattr(head_mod, "HEAD_MIN_BATCH_S", 0.0)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class Augmented(Dataset[tuple[int, torch.Tensor, float, float]]):
+    """Index, a tensor with a torch draw, a ``random`` draw and a numpy draw; CPU work."""
+
+    def __init__(self, n: int = 64, bad: int | None = None, slow_first_s: float = 0.0) -> None:
+        self.n = n
+        self.bad = bad
+        self.slow_first_s = slow_first_s
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, float, float]:
+        if self.slow_first_s and self._pid != os.getpid():  # each process's first sample
+            self._pid = os.getpid()
+            time.sleep(self.slow_first_s)
+        _spin(SPIN_S)
+        if index == self.bad:
+            raise SampleError(f"sample {index} is corrupt")
+        return index, torch.rand(3) + index, random.random(), float(np.random.random())
+
+
+class OwnEntropySampler(Sampler[list[int]]):
+    """Batches in an order drawn from the operating system, not from any seeded generator."""
+
+    def __init__(self, n: int, batch: int) -> None:
+        self.n = n
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return self.n // self.batch
+
+    def __iter__(self) -> Any:
+        order = sorted(range(self.n), key=lambda _: os.urandom(8))
+        for k in range(len(self)):
+            yield order[k * self.batch : (k + 1) * self.batch]
+
+
+def _epoch(loader: Any) -> list[Any]:
+    return [[b[0].tolist(), b[1].tolist(), b[2].tolist(), b[3].tolist()] for b in loader]
+
+
+def _loader(dataset: Any, **kwargs: Any) -> stoker.DataLoader[Any]:
+    kwargs.setdefault("num_workers", 2)
+    kwargs.setdefault("batch_size", 8)
+    kwargs.setdefault("multiprocessing_context", "fork")
+    kwargs.setdefault("backend", "auto")  # (the probe runs only for backend="auto")
+    return stoker.DataLoader(dataset, **kwargs)
+
+
+def _notes(loader: Any) -> str:
+    return " | ".join(loader.stats().notes)
+
+
+def test_first_batch_from_the_head_start_is_the_one_a_worker_loads() -> None:
+    probed = _loader(Augmented(), shuffle=True, generator=torch.Generator().manual_seed(7))
+    got = _epoch(probed)
+    assert HEAD_NOTE in _notes(probed)
+    plain = _loader(
+        Augmented(), shuffle=True, generator=torch.Generator().manual_seed(7), backend="process"
+    )
+    assert got == _epoch(plain)
+    assert HEAD_NOTE not in _notes(plain)
+    assert sorted(i for batch in got for i in batch[0]) == list(range(64))
+
+
+def test_the_global_generators_drive_the_same_first_batch() -> None:
+    """No generator: the base seed and the shuffle come from torch's global generator, which
+    the child inherits as it stood at ``iter()``."""
+    torch.manual_seed(3)
+    got = _epoch(_loader(Augmented(), shuffle=True))
+    torch.manual_seed(3)
+    assert got == _epoch(_loader(Augmented(), shuffle=True, backend="process"))
+
+
+def test_a_sampler_with_its_own_entropy_gets_its_first_batch_from_a_worker() -> None:
+    loader = _loader(Augmented(), batch_size=1, batch_sampler=OwnEntropySampler(64, 8))
+    got = _epoch(loader)
+    assert sorted(i for batch in got for i in batch[0]) == list(range(64))
+    notes = _notes(loader)
+    assert HEAD_NOTE not in notes and FALLBACK_NOTE not in notes
+
+
+def test_a_failed_sample_in_the_first_batch_is_recorded_by_the_worker_that_loads_it() -> None:
+    loader = _loader(Augmented(bad=3), on_error="skip")
+    got = _epoch(loader)
+    assert FALLBACK_NOTE in _notes(loader)
+    assert [f.index for f in loader.failures] == [3]
+    assert sorted(i for batch in got for i in batch[0]) == [i for i in range(64) if i != 3]
+
+
+def test_an_error_in_the_first_batch_keeps_its_type() -> None:
+    loader = _loader(Augmented(bad=2))
+    with pytest.raises(SampleError, match="sample 2 is corrupt"):
+        next(iter(loader))
+
+
+def test_a_head_start_past_its_deadline_is_stopped_and_a_worker_loads_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(head_mod, "HEAD_DEADLINE_S", 0.05)
+    loader = _loader(Augmented(slow_first_s=0.5))
+    got = _epoch(loader)
+    assert FALLBACK_NOTE in _notes(loader)
+    assert [i for batch in got for i in batch[0]] == list(range(64))
+
+
+def test_the_workers_start_after_the_first_batch_and_a_state_saved_then_resumes_exactly() -> None:
+    gen = torch.Generator().manual_seed(11)
+    loader = _loader(Augmented(), shuffle=True, generator=gen)
+    it = iter(loader)
+    first = next(it)
+    assert loader.stats().num_workers == 0  # no worker yet: they start at the next batch
+    state = loader.state_dict()
+    rest = [[b[0].tolist(), b[1].tolist(), b[2].tolist(), b[3].tolist()] for b in it]
+    assert loader.stats().num_workers > 0
+    resumed = _loader(Augmented(), shuffle=True, generator=torch.Generator())
+    resumed.load_state_dict(state)
+    assert _epoch(resumed) == rest
+    assert sorted(first[0].tolist() + [i for b in rest for i in b[0]]) == list(range(64))
+
+
+def test_an_epoch_left_after_its_first_batch_does_not_change_the_next() -> None:
+    def second_epoch(**kwargs: Any) -> list[Any]:
+        loader = _loader(
+            Augmented(),
+            shuffle=True,
+            generator=torch.Generator().manual_seed(5),
+            persistent_workers=True,
+            **kwargs,
+        )
+        it = iter(loader)
+        next(it)
+        del it
+        return _epoch(loader)
+
+    assert second_epoch() == second_epoch(backend="process")
+
+
+def test_no_head_start_with_a_worker_init_fn_or_a_resumed_epoch() -> None:
+    loader = _loader(Augmented(), worker_init_fn=_noop)
+    assert not HeadStart.eligible(loader)
+    assert HEAD_NOTE not in (_epoch(loader) and _notes(loader))
+    resumed = _loader(Augmented())
+    it = iter(resumed)
+    next(it)
+    state = resumed.state_dict()
+    del it
+    fresh = _loader(Augmented())
+    fresh.load_state_dict(state)
+    assert not HeadStart.eligible(fresh)
+    assert len(_epoch(fresh)) == 7
+
+
+def _noop(worker_id: int) -> None:
+    del worker_id
+
+
+def test_an_iterator_dropped_before_its_first_batch_leaves_no_child() -> None:
+    loader = _loader(Augmented(), persistent_workers=True)
+    it = iter(loader)
+    del it, loader
+    gc.collect()  # the conftest then checks that no process or fd is left
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_epoch_left_after_its_first_batch_leaves_the_probe_answer_to_the_next(
+    persistent: bool,
+) -> None:
+    """Persistent workers: the kept iterator takes the answer as the next epoch starts its
+    workers; else the dropped iterator leaves it to the loader, for the next iter()."""
+    loader = _loader(Augmented(), persistent_workers=persistent)
+    it = iter(loader)
+    next(it)
+    del it
+    gc.collect()
+    assert len(_epoch(loader)) == 8
+    notes = loader.stats().notes
+    assert notes[0].startswith("backend="), notes  # the probe's answer
+    assert (HEAD_NOTE in " | ".join(notes)) == persistent  # (an iterator's notes are its own)
+
+
+def test_cheap_batches_load_in_the_main_process_without_a_head_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(head_mod, "HEAD_MIN_BATCH_S", SHIPPED_THRESHOLD_S)
+    loader = stoker.DataLoader(list(range(256)), batch_size=4, num_workers="auto")
+    assert [int(x) for b in loader for x in b] == list(range(256))
+    assert loader.stats().backend == "inline"
+    assert HEAD_NOTE not in _notes(loader)
+
+
+def test_a_main_process_answer_after_a_head_start_keeps_the_workers() -> None:
+    """Batches the warm-up found slow (forced here) but the probe found cheap: the first batch
+    came from the head start, and the workers load the rest, as the notes say."""
+    loader = stoker.DataLoader(list(range(256)), batch_size=4, num_workers="auto")
+    assert [int(x) for b in loader for x in b] == list(range(256))
+    notes = _notes(loader)
+    assert loader.stats().backend == "process"
+    assert HEAD_NOTE in notes and "workers all the same" in notes
+
+
+def test_the_probe_asks_for_a_head_start_once_and_only_for_slow_batches() -> None:
+    from torch.utils.data._utils.collate import default_collate
+
+    from stoker.autotune._probe import choose_backend_isolated
+
+    calls: list[float] = []
+    for threshold in (0.0, 1e9):
+        choose_backend_isolated(
+            Augmented(),
+            default_collate,
+            8,
+            False,
+            on_slow_batch=(threshold, lambda t=threshold: calls.append(t)),
+        )
+    assert calls == [0.0]

@@ -1,0 +1,98 @@
+"""A batch handed from a forked child through an anonymous memory file (real fork, real memfd,
+real SCM_RIGHTS): every dtype and layout arrives equal, views the file's pages, and a header
+that does not fit the file is refused."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from stoker.transport._handoff import HANDOFF_SLOT, pack, unpack
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)"),
+]
+
+
+def _batch() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g)
+    return {
+        "f32": base,
+        "f16": base.half(),
+        "bf16": base.bfloat16(),
+        "i64": torch.arange(7),
+        "bool": base > 0,
+        "c64": torch.complex(base, -base),
+        "strided": base.t(),  # not contiguous
+        "tail": base[2:, 1:],  # a view at an offset
+        "np": np.arange(12, dtype=np.float64).reshape(3, 4),
+        "meta": ["a", 3, None],
+    }
+
+
+def _through_a_child(make: Any) -> tuple[Any, Any]:
+    """``make()`` in a forked child, packed there, unpacked here."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 0
+        try:
+            packed = pack(make())
+            assert packed is not None
+            fd, place = packed
+            socket.send_fds(child, [pickle.dumps(place)], [fd])
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    child.close()
+    try:
+        data, fds, _, _ = socket.recv_fds(parent, 4096, 1)
+    finally:
+        parent.close()
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and len(fds) == 1
+    try:
+        return unpack(fds[0], *pickle.loads(data)), pickle.loads(data)
+    finally:
+        os.close(fds[0])
+
+
+def test_every_dtype_and_layout_arrives_equal_and_views_the_file() -> None:
+    got, place = _through_a_child(_batch)
+    want = _batch()
+    assert place[0] == HANDOFF_SLOT
+    for key in ("f32", "f16", "bf16", "i64", "bool", "c64", "strided", "tail"):
+        assert got[key].dtype == want[key].dtype
+        assert torch.equal(got[key], want[key]), key
+    np.testing.assert_array_equal(got["np"], want["np"])
+    assert got["meta"] == ["a", 3, None]
+    # Views of one mapping (no copy per tensor): the first two share a storage's pages.
+    first = got["f32"].untyped_storage().data_ptr()
+    assert got["i64"].untyped_storage().data_ptr() == first
+
+
+def test_a_batch_without_tensors_is_its_header() -> None:
+    got, place = _through_a_child(lambda: {"names": ["x"] * 1000, "n": 3})
+    assert place[0] is None
+    assert got == {"names": ["x"] * 1000, "n": 3}
+
+
+def test_a_header_that_does_not_fit_the_file_is_refused() -> None:
+    fd = os.memfd_create("stoker-test")
+    try:
+        os.ftruncate(fd, 4096)
+        with pytest.raises(ValueError, match="4096-byte file"):
+            unpack(fd, HANDOFF_SLOT, 4000, 200)
+        with pytest.raises(ValueError, match="names slot"):
+            unpack(fd, "stoker-123-w0", 0, 10)
+    finally:
+        os.close(fd)
