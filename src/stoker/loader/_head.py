@@ -5,9 +5,11 @@ worker starts (:mod:`stoker.autotune._probe`), and the workers started once it a
 first batch came after the probe, the pool's start and the batch's own loading, one after the
 other (2-core VM, medians: jpeg 1,111 ms against 466 ms for torch's ``num_workers=0``, large
 614 against 56). Now, where the probe's warm-up shows batches taking :data:`HEAD_MIN_BATCH_S`
-or more, the loader forks a second child, at the workers' priority (the probe keeps the higher
-one its timings need), that loads the batch the epoch starts with as a worker would (the same
-indices, seed and collation), and ``iter()`` returns without waiting for the probe's answer.
+or more, the loader forks a second child that loads the batch the epoch starts with as a
+worker would (the same indices, seed and collation), and ``iter()`` returns without waiting
+for the probe's answer. The child keeps the training process's priority, not the workers'
+lower one: the training loop waits for its batch (the probe discounts the time its own
+samples wait for a core, so sharing the cores with it does not change its answer).
 The first ``next()`` returns that batch (through :mod:`stoker.transport._handoff`); the second
 takes the probe's answer, which has come meanwhile, and starts the workers from batch 1.
 
@@ -200,9 +202,6 @@ def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # prag
         # A forked child must not use the OpenMP pool its parent used (libgomp is not
         # fork-safe); workers load with one thread too.
         torch.set_num_threads(1)
-        if loader.worker_nice > 0:
-            with contextlib.suppress(OSError):
-                os.nice(loader.worker_nice)
         workers = loader.num_workers
         # The iterator torch's num_workers=0 would make: it draws the base seed and the
         # sampler's first indices as the parent's iterator is about to.
@@ -221,6 +220,11 @@ def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # prag
         torch_worker._worker_info = torch_worker.WorkerInfo(
             id=0, num_workers=workers, seed=int(it._base_seed), dataset=loader.dataset
         )
+        # Not into a fresh shared-memory segment, as torch's collate does in a worker: the
+        # batch is copied into the hand-off file once, as a worker's first batch is.
+        from stoker.workers import _collate
+
+        _collate.install(None)
         seed_all(seed)
         batch, failures = it._fetcher.fetch(index, seed)
         packed = None if failures else pack(batch)
