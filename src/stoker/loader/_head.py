@@ -72,7 +72,6 @@ class HeadStart:
         self.pid = pid
         self._sock = sock
         self.started = time.monotonic()
-        self.index: Any = None  # the first task's indices, once claimed
         self._reap = weakref.finalize(self, _end_child, pid, sock)
 
     @staticmethod
@@ -117,7 +116,6 @@ class HeadStart:
         if len(claim) == 3 and claim[0] == "claim" and claim[2] == seed:
             with contextlib.suppress(Exception):  # an index that cannot be pickled
                 if claim[1] == pickle.dumps(index, protocol=_PROTOCOL):
-                    self.index = index
                     return True
         self.close()
         return False

@@ -21,13 +21,12 @@ import torch
 
 from stoker.transport._codec import decode, encode
 from stoker.transport._mapping import map_fd
-from stoker.transport._slots import ALIGN, HEADER_BYTES, _round_up, _Slot, bump
+from stoker.transport._slots import _PAGE, ALIGN, HEADER_BYTES, _round_up, _Slot, bump
 
 __all__ = ["HANDOFF_SLOT", "HandoffArena", "handoff_file", "pack", "unpack"]
 
 # The name the header gives the file's one slot (the parent knows which file it is).
 HANDOFF_SLOT = "handoff"
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def handoff_file() -> int | None:
