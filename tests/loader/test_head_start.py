@@ -261,3 +261,35 @@ def test_the_probe_asks_for_a_head_start_once_and_only_for_slow_batches() -> Non
             on_slow_batch=(threshold, lambda t=threshold: calls.append(t)),
         )
     assert calls == [0.0]
+
+
+class StuckAfterTwo(Dataset[int]):
+    """Two samples of 2 ms each (a batch of 64 at that pace takes 128 ms), then every sample
+    blocks for good: only a mark written after two samples can come."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, index: int) -> int:
+        self.calls += 1
+        time.sleep(0.002 if self.calls <= 2 else 3600)
+        return index
+
+
+def test_the_probe_marks_slow_batches_after_two_samples_not_a_whole_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import stoker.autotune._probe as probe_mod
+    from torch.utils.data._utils.collate import default_collate
+
+    # A mark that waited for the warm-up's batch would never come: the wait ends at this
+    # deadline, with no mark, and the child is stopped.
+    monkeypatch.setattr(probe_mod, "PROBE_DEADLINE_S", 5.0)
+    probe = probe_mod.ProbeChild.start(StuckAfterTwo(), default_collate, 64, True, 0.025)
+    try:
+        assert probe.wait_slow()
+    finally:
+        probe.close()

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.transport._handoff import HANDOFF_SLOT, pack, unpack
+from stoker.transport._handoff import HANDOFF_SLOT, open_arena, pack, unpack
+from stoker.workers import _collate
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -38,14 +39,17 @@ def _batch() -> dict[str, Any]:
     }
 
 
-def _through_a_child(make: Any) -> tuple[Any, Any]:
-    """``make()`` in a forked child, packed there, unpacked here."""
+def _through_a_child(make: Any, reserve: int = 0) -> tuple[Any, Any]:
+    """``make()`` in a forked child, packed there, unpacked here; with ``reserve``, made
+    with an arena of that many bytes installed for collation (as the head start does)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         code = 0
         try:
-            packed = pack(make())
+            arena = open_arena(reserve) if reserve else None
+            _collate.install(arena)
+            packed = pack(make(), arena)
             assert packed is not None
             fd, place = packed
             socket.send_fds(child, [pickle.dumps(place)], [fd])
@@ -96,3 +100,49 @@ def test_a_header_that_does_not_fit_the_file_is_refused() -> None:
             unpack(fd, "stoker-123-w0", 0, 10)
     finally:
         os.close(fd)
+
+
+def _collated() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(1)
+    samples = [{"x": torch.randn(3, 8, generator=g), "y": i} for i in range(5)]
+    batch = torch.utils.data.default_collate(samples)
+    arena = _collate._arena
+    if arena is not None:  # in the child: stacked into the file itself
+        assert arena.current is not None
+        assert batch["x"].untyped_storage().data_ptr() == arena.current.addr
+    batch["extra"] = torch.arange(4)  # made outside collation: copied in after
+    batch["alias"] = batch["x"][1:3]  # a view of what collation wrote in place
+    return batch
+
+
+def test_collation_writes_into_the_file_and_the_file_is_cut_to_what_it_holds() -> None:
+    got, place = _through_a_child(_collated, reserve=1 << 30)
+    want = _collated()
+    for key in ("x", "y", "extra", "alias"):
+        assert torch.equal(got[key], want[key]), key
+    # All of it on one mapping of a file cut from 1 GiB to about a page or two.
+    x = got["x"].untyped_storage()
+    assert got["alias"].untyped_storage().data_ptr() == x.data_ptr()
+    assert got["extra"].untyped_storage().data_ptr() == x.data_ptr()
+    assert place[1] + place[2] <= 3 * 4096
+
+
+def test_a_batch_that_outgrows_the_arena_is_left_to_a_worker() -> None:
+    arena = open_arena(64 * 1024)
+    assert arena is not None
+    _collate.install(arena)
+    try:
+        samples = [torch.zeros(1024) for _ in range(8)]  # 32 KiB: collated in place
+        batch = [torch.utils.data.default_collate(samples), torch.zeros(16 * 1024)]  # 64 KiB
+        fd = arena.fd
+        assert pack(batch, arena) is None
+        with pytest.raises(OSError):  # closed by pack
+            os.fstat(fd)
+    finally:
+        _collate.install(None)
+
+
+def test_an_arena_that_gave_nothing_out_grows_for_a_larger_batch() -> None:
+    got, place = _through_a_child(lambda: {"big": torch.ones(40_000)}, reserve=4096)
+    assert torch.equal(got["big"], torch.ones(40_000))
+    assert place[0] == HANDOFF_SLOT

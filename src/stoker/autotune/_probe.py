@@ -89,7 +89,7 @@ def choose_backend(
             in it and ``detail["copies"]`` to whether forked workers would copy the
             dataset, once measured.
         on_warm: called with the seconds a batch takes as soon as the serial pass's warm-up
-            shows it (see :func:`~stoker.autotune._probe_passes.serial_pass`).
+            shows it, more than once (see :func:`~stoker.autotune._probe_passes.serial_pass`).
     """
     if iterable:
         return "process", "iterable dataset: each worker needs its own stream (processes)"
@@ -275,8 +275,12 @@ def _probe_in_child(
     :data:`SLOW_MARK` when a batch takes ``slow_s`` or more."""
     code = 0
 
+    marked = False
+
     def on_warm(batch_s: float) -> None:
-        if slow_s is not None and batch_s >= slow_s:
+        nonlocal marked
+        if slow_s is not None and batch_s >= slow_s and not marked:
+            marked = True
             os.write(w, SLOW_MARK)
 
     try:

@@ -214,16 +214,30 @@ class SerialPass:
         return max(0.0, 1.0 - (sum(self.cpus) + self.queued) / serial) if serial > 0 else 0.0
 
 
-def _warm_up(dataset: Any, collate_fn: Any, indices: list[int], seconds: float) -> float:
+def _warm_up(
+    dataset: Any,
+    collate_fn: Any,
+    indices: list[int],
+    seconds: float,
+    on_warm: Callable[[float], None] | None = None,
+) -> float:
     """Load and collate a batch (two samples at least, more while ``seconds`` last) before
     the timed samples: first-use costs are not the dataset's (see :data:`WARM_UP_S`).
-    Returns the seconds per sample it took, first-use costs included."""
+    Returns the seconds per sample it took, first-use costs included. ``on_warm`` gets a
+    batch's seconds at the quicker of the first two samples' pace as soon as they are loaded
+    (the first alone pays first uses), so that slow batches show before the warm-up ends."""
     t0 = time.perf_counter()
     batch = []
+    last = t0
+    quickest = float("inf")
     for k, i in enumerate(indices):
         if k >= 2 and time.perf_counter() - t0 > seconds:
             break
         batch.append(dataset[i])
+        now = time.perf_counter()
+        quickest, last = min(quickest, now - last), now
+        if k == 1 and on_warm is not None:
+            on_warm(quickest * len(indices))
     collate_fn(batch)
     return (time.perf_counter() - t0) / max(1, len(batch))
 
@@ -244,11 +258,12 @@ def serial_pass(
 
     ``early``: ``(samples, settled)``: from that many samples on, the pass stops as soon as
     ``settled(waiting, waiting_all, copied)`` (the figures so far, see :class:`SerialPass`)
-    says more would not change the answer. ``on_warm``: called once the warm-up is done,
-    with the seconds a batch would take at its pace (an overestimate: first uses included).
+    says more would not change the answer. ``on_warm``: called with the seconds a batch would
+    take, once the warm-up's first two samples are loaded (see :func:`_warm_up`) and again
+    at the warm-up's pace once it is done (an overestimate: first uses included).
     """
     order = [(k * _STRIDE) % n for k in range(min(n, MAX_SAMPLES))]
-    per_sample = _warm_up(dataset, collate_fn, order[:size], min(WARM_UP_S, seconds / 4))
+    per_sample = _warm_up(dataset, collate_fn, order[:size], min(WARM_UP_S, seconds / 4), on_warm)
     if on_warm is not None:
         on_warm(per_sample * size)
     shared0 = shared_dirty_bytes() if forked else None

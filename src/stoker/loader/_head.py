@@ -42,7 +42,7 @@ from typing import Any
 import torch.utils.data as tud
 
 from stoker.sampling._seeding import batch_seed, load_generators, seed_all
-from stoker.transport._handoff import pack, unpack
+from stoker.transport._handoff import open_arena, pack, unpack
 
 __all__ = ["HEAD_DEADLINE_S", "HEAD_MIN_BATCH_S", "HeadStart"]
 
@@ -218,14 +218,16 @@ def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # prag
         torch_worker._worker_info = torch_worker.WorkerInfo(
             id=0, num_workers=workers, seed=int(it._base_seed), dataset=loader.dataset
         )
-        # Not into a fresh shared-memory segment, as torch's collate does in a worker: the
-        # batch is copied into the hand-off file once, as a worker's first batch is.
+        # Into the hand-off file, as a worker collates into its slot (not the fresh
+        # shared-memory segment torch's collate would make in a worker); ordinary memory
+        # where no file can be made, copied into one by pack() then.
         from stoker.workers import _collate
 
-        _collate.install(None)
+        arena = open_arena()
+        _collate.install(arena)
         seed_all(seed)
         batch, failures = it._fetcher.fetch(index, seed)
-        packed = None if failures else pack(batch)
+        packed = None if failures else pack(batch, arena)
         if packed is None:
             _send(sock, ("failed",))
         else:

@@ -74,16 +74,18 @@ def map_file(path: str, size: int | None = None) -> Any:
         os.close(fd)
 
 
-def map_fd(fd: int, size: int | None = None, what: str = "") -> Any:
+def map_fd(fd: int, size: int | None = None, what: str = "", populate: bool = False) -> Any:
     """Map the open file ``fd`` (read-write, shared) as :func:`map_file` maps a path; the
-    mapping does not keep ``fd``, which the caller closes.
+    mapping does not keep ``fd``, which the caller closes. ``populate``: map every page at
+    once (``MAP_POPULATE``), for a file already written that will be read whole.
 
     Raises:
         OSError: if the file cannot be mapped (``what`` names it in the message).
     """
     if size is None:
         size = os.fstat(fd).st_size
-    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(

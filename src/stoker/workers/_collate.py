@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch.utils.data._utils import collate as _torch_collate
 
-from stoker.transport._slots import SlotArena
+from stoker.transport._codec import Arena
 
 __all__ = ["install"]
 
-_arena: SlotArena | None = None
+_arena: Arena | None = None
 
 
 def collate_tensor_into_slot(
@@ -41,7 +41,7 @@ def collate_tensor_into_slot(
     return torch.stack(batch, 0, out=out)
 
 
-def install(arena: SlotArena | None) -> None:
+def install(arena: Arena | None) -> None:
     """Route ``default_collate``'s tensor stacking in this process into ``arena``.
 
     With ``arena=None`` (thread workers) tensors are stacked into ordinary memory, as torch
