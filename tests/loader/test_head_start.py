@@ -282,8 +282,9 @@ class StuckAfterTwo(Dataset[int]):
 def test_the_probe_marks_slow_batches_after_two_samples_not_a_whole_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import stoker.autotune._probe as probe_mod
     from torch.utils.data._utils.collate import default_collate
+
+    import stoker.autotune._probe as probe_mod
 
     # A mark that waited for the warm-up's batch would never come: the wait ends at this
     # deadline, with no mark, and the child is stopped.
@@ -293,3 +294,14 @@ def test_the_probe_marks_slow_batches_after_two_samples_not_a_whole_batch(
         assert probe.wait_slow()
     finally:
         probe.close()
+
+
+def test_the_loaders_timeout_bounds_the_wait_for_the_head_starts_batch() -> None:
+    from stoker.errors import WorkerTimeoutError
+
+    loader = stoker.DataLoader(StuckAfterTwo(), batch_size=4, num_workers="auto", timeout=0.5)
+    it = iter(loader)
+    with pytest.raises(WorkerTimeoutError, match=r"first batch \(sample indices \[0, 1, 2, 3\]\)"):
+        next(it)
+    del it, loader
+    gc.collect()

@@ -4,8 +4,10 @@ that does not fit the file is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
 import socket
 from typing import Any
 
@@ -47,6 +49,7 @@ def _through_a_child(make: Any, reserve: int = 0) -> tuple[Any, Any]:
     if pid == 0:  # pragma: no cover - child
         code = 0
         try:
+            torch.set_num_threads(1)  # (libgomp's pool, used by the parent, hangs a fork)
             arena = open_arena(reserve) if reserve else None
             _collate.install(arena)
             packed = pack(make(), arena)
@@ -58,8 +61,13 @@ def _through_a_child(make: Any, reserve: int = 0) -> tuple[Any, Any]:
         finally:
             os._exit(code)
     child.close()
+    parent.settimeout(30)  # a child that hangs fails the test instead
     try:
         data, fds, _, _ = socket.recv_fds(parent, 4096, 1)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        raise
     finally:
         parent.close()
         _, status = os.waitpid(pid, 0)

@@ -17,7 +17,9 @@ The batch is used only where it is the one a worker would load: the child names 
 and seed it drew before it loads, and the iterator compares them with its own first task (a
 sampler with entropy of its own, or a changed generator, makes the workers load it instead);
 a child that fails, meets a failed sample, or takes longer than :data:`HEAD_DEADLINE_S` leaves
-the batch to the workers too, whose error then carries its type and traceback. Not tried with
+the batch to the workers too, whose error then carries its type and traceback. A loader's
+``timeout`` bounds the wait for the child's batch as it bounds the wait for a worker's. Not
+tried with
 a ``worker_init_fn`` (workers run it before loading; the child would not), a resumed epoch,
 an iterable dataset or a datapipe, or where there is no ``fork`` or ``memfd_create``. Loading
 that batch in the main process instead is not an option: what reading opens there (an h5py
@@ -120,12 +122,14 @@ class HeadStart:
         self.close()
         return False
 
-    def take(self) -> Any:
+    def take(self, limit_s: float = 0.0) -> Any:
         """The batch (views of the child's memory file); None when the child gave none by
-        :data:`HEAD_DEADLINE_S` after its start, failed, or met a failed sample. Closes the
-        child."""
+        :data:`HEAD_DEADLINE_S` after its start (or within ``limit_s`` seconds, if given),
+        failed, or met a failed sample. Closes the child."""
         try:
             left = self.started + HEAD_DEADLINE_S - time.monotonic()
+            if limit_s > 0:
+                left = min(left, limit_s)
             msg = self._receive(max(0.0, left))
             if msg is None:
                 return None

@@ -39,7 +39,7 @@ from stoker.loader._dispatch import TaskBook, batch_task
 from stoker.loader._epoch import Arrived, DatasetChanges, EpochContext
 from stoker.loader._head import HeadStart
 from stoker.loader._openmp import spin_watch
-from stoker.loader._recovery import Supervisor
+from stoker.loader._recovery import Supervisor, head_timeout_error
 from stoker.loader._replies import ReplyHandler, worker_stats
 from stoker.loader._start import (
     shared_memory_directory,
@@ -281,9 +281,13 @@ class MultiWorkerIterator(StokerIterBase):
                 if not head.claims(index, task.seed):
                     self._first_task = task  # (another first batch: the sampler's own entropy)
                 else:
-                    batch = head.take()
+                    timeout = self._timeout
+                    left = max(1e-6, timeout - (time.perf_counter() - t0)) if timeout > 0 else 0
+                    batch = head.take(left)
                     if batch is None:
-                        self._first_task = task
+                        self._first_task = task  # (a worker loads it, at a next() after too)
+                        if timeout > 0 and time.perf_counter() - t0 >= timeout:
+                            raise head_timeout_error(index, timeout, head.pid)
                         self._notes.append("the head start gave no first batch: a worker loads it")
                     else:
                         return self._deliver_head(idx, index, batch, time.perf_counter() - t0)

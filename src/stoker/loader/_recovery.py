@@ -25,7 +25,7 @@ from stoker.workers._process import describe_exit, torch_killed_sentence, worker
 from stoker.workers._spawn import explain_early_worker_death
 from stoker.workers._status import IDLE
 
-__all__ = ["Supervisor"]
+__all__ = ["Supervisor", "head_timeout_error"]
 
 
 def _short(indices: Any, limit: int = 16) -> str:
@@ -35,6 +35,17 @@ def _short(indices: Any, limit: int = 16) -> str:
         return repr(indices)
     text = ", ".join(map(repr, items[:limit]))
     return f"[{text}{', ...' if len(items) > limit else ''}]"
+
+
+def head_timeout_error(index: Any, timeout: float, pid: int) -> WorkerTimeoutError:
+    """The error for a consumer that waited ``timeout`` seconds for the epoch's first batch
+    from the head start's child (``pid``, see :mod:`stoker.loader._head`)."""
+    return WorkerTimeoutError(
+        f"DataLoader timed out after {timeout} seconds waiting for a batch. The epoch's first "
+        f"batch (sample indices {_short(index)}) was loading in the child forked beside the "
+        f"backend probe (pid {pid}), stopped now. Raise `timeout`, or find what blocks in "
+        "`__getitem__`."
+    )
 
 
 class Supervisor:
