@@ -4,12 +4,13 @@ With ``backend="auto"`` the first ``iter()`` probes the dataset in a forked chil
 worker starts (:mod:`stoker.autotune._probe`), and the workers started once it answered: the
 first batch came after the probe, the pool's start and the batch's own loading, one after the
 other (2-core VM, medians: jpeg 1,111 ms against 466 ms for torch's ``num_workers=0``, large
-614 against 56). Now, where the probe's warm-up shows batches taking :data:`HEAD_MIN_BATCH_S`
-or more, the loader forks a second child that loads the batch the epoch starts with as a
-worker would (the same indices, seed and collation), and ``iter()`` returns without waiting
-for the probe's answer. The child keeps the training process's priority, not the workers'
-lower one: the training loop waits for its batch (the probe discounts the time its own
-samples wait for a core, so sharing the cores with it does not change its answer).
+614 against 56). Now, where the probe's first two samples show batches taking
+:data:`HEAD_MIN_BATCH_S` or more, the loader forks a second child that loads the batch the
+epoch starts with as a worker would (the same indices, seed and collation), and ``iter()``
+returns without waiting for the probe's answer. The child keeps the training process's
+priority, not the workers' lower one: the training loop waits for its batch (the probe
+discounts the time its own samples wait for a core, so sharing the cores with it does not
+change its answer).
 The first ``next()`` returns that batch (through :mod:`stoker.transport._handoff`); the second
 takes the probe's answer, which has come meanwhile, and starts the workers from batch 1.
 
@@ -19,11 +20,10 @@ sampler with entropy of its own, or a changed generator, makes the workers load 
 a child that fails, meets a failed sample, or takes longer than :data:`HEAD_DEADLINE_S` leaves
 the batch to the workers too, whose error then carries its type and traceback. A loader's
 ``timeout`` bounds the wait for the child's batch as it bounds the wait for a worker's. Not
-tried with
-a ``worker_init_fn`` (workers run it before loading; the child would not), a resumed epoch,
-an iterable dataset or a datapipe, or where there is no ``fork`` or ``memfd_create``. Loading
-that batch in the main process instead is not an option: what reading opens there (an h5py
-file, an LMDB environment) the forked workers would inherit.
+tried with a ``worker_init_fn`` (workers run it before loading; the child would not), a
+resumed epoch, an iterable dataset or a datapipe, or where there is no ``fork`` or
+``memfd_create``. Loading that batch in the main process instead is not an option: what
+reading opens there (an h5py file, an LMDB environment) the forked workers would inherit.
 """
 
 from __future__ import annotations
