@@ -8,12 +8,11 @@ descriptor over a Unix socket (``SCM_RIGHTS``); the parent maps it and decodes v
 (:func:`unpack`), and the memory goes with the last view. A child that collates with
 :func:`open_arena`'s arena installed (``stoker.workers._collate``) stacks the batch's tensors
 straight into the file, which is made large and sparse for that: they are not copied again
-(a 36.8 MiB batch of ``large``: 61 ms of copying into fresh pages saved on the 2-core VM).
-The parent never holds the file
-before the batch is ready, so the workers it forks meanwhile do not inherit it (and keep its
-memory for their lives). Pickling the batch through a pipe instead costs far more: a 36.8 MiB
-batch from a forked child arrived 190-290 ms after it was made and took 123-141 ms more to
-unpickle (benchmarks/README.md).
+(copying ``large``'s 36.8 MiB batch into the file took the child 61 ms on the 2-core VM). The
+parent never holds the file before the batch is ready, so the workers it forks meanwhile do not
+inherit it (and keep its memory for their lives). Pickling the batch through a pipe instead
+costs far more: a 36.8 MiB batch from a forked child arrived 190-290 ms after it was made and
+took 123-141 ms more to unpickle (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -71,7 +70,6 @@ class HandoffArena:
     def __init__(self, fd: int, reserve: int = 0) -> None:
         self.fd = fd
         self.current: _Slot | None = None
-        self.size = 0  # bytes the file holds
         self._top = HEADER_BYTES
         if reserve:
             self._map(reserve)
@@ -83,7 +81,6 @@ class HandoffArena:
 
     def _map(self, size: int) -> None:
         os.ftruncate(self.fd, size)
-        self.size = size
         buf = map_fd(self.fd, size, "the hand-off file")
         self.current = _Slot(HANDOFF_SLOT, buf, size, torch.frombuffer(buf, dtype=torch.uint8), "")
         self._top = HEADER_BYTES
