@@ -305,3 +305,44 @@ def test_the_loaders_timeout_bounds_the_wait_for_the_head_starts_batch() -> None
         next(it)
     del it, loader
     gc.collect()
+
+
+class ProbeWaitsForTheHeadStart(Dataset[int]):
+    """In the probe's child (no worker info) the first sample waits, up to ``wait_s`` (under
+    the probe's deadline), for the file the head start's child (a worker's info) writes as it
+    loads, and says in another file if it waited in vain: a head start forked only after the
+    probe's mark would never write it in time."""
+
+    def __init__(self, folder: str, wait_s: float = 5.0) -> None:
+        self.folder = folder
+        self.wait_s = wait_s
+        self.parent = os.getpid()
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        started = os.path.join(self.folder, "head-started")
+        if os.getpid() != self.parent:
+            if torch.utils.data.get_worker_info() is not None:
+                open(started, "a").close()
+            elif not os.path.exists(os.path.join(self.folder, "probe-began")):
+                open(os.path.join(self.folder, "probe-began"), "a").close()
+                end = time.monotonic() + self.wait_s
+                while not os.path.exists(started) and time.monotonic() < end:
+                    time.sleep(0.005)
+                if not os.path.exists(started):
+                    open(os.path.join(self.folder, "waited-in-vain"), "a").close()
+        time.sleep(0.002)  # a batch of 8 at this pace takes over the shipped threshold
+        return index
+
+
+def test_the_head_start_loads_beside_the_probe_before_it_marks_slow_batches(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setattr(head_mod, "HEAD_MIN_BATCH_S", SHIPPED_THRESHOLD_S)
+    loader = _loader(ProbeWaitsForTheHeadStart(str(tmp_path)))
+    assert [int(x) for b in loader for x in b] == list(range(64))
+    assert (tmp_path / "probe-began").exists() and (tmp_path / "head-started").exists()
+    assert not (tmp_path / "waited-in-vain").exists()
+    assert HEAD_NOTE in _notes(loader)

@@ -154,3 +154,25 @@ def test_an_arena_that_gave_nothing_out_grows_for_a_larger_batch() -> None:
     got, place = _through_a_child(lambda: {"big": torch.ones(40_000)}, reserve=4096)
     assert torch.equal(got["big"], torch.ones(40_000))
     assert place[0] == HANDOFF_SLOT
+
+
+def test_a_large_allocation_is_faulted_in_at_once_and_a_small_one_is_not() -> None:
+    from stoker.transport._handoff import POPULATE_BYTES
+
+    arena = open_arena(8 * POPULATE_BYTES)
+    assert arena is not None
+    try:
+
+        def resident() -> int:  # bytes of the memory file that hold pages
+            return os.fstat(arena.fd).st_blocks * 512
+
+        assert resident() == 0  # sparse until written
+        small = arena.alloc(POPULATE_BYTES // 2)
+        assert small is not None and resident() == 0
+        big = arena.alloc(2 * POPULATE_BYTES)
+        assert big is not None
+        assert resident() >= 2 * POPULATE_BYTES  # before anything was written to it
+        big.fill_(7)  # still writable, and written where it was given out
+        assert int(big.sum()) == 7 * 2 * POPULATE_BYTES
+    finally:
+        os.close(arena.fd)

@@ -4,10 +4,12 @@ With ``backend="auto"`` the first ``iter()`` probes the dataset in a forked chil
 worker starts (:mod:`stoker.autotune._probe`), and the workers started once it answered: the
 first batch came after the probe, the pool's start and the batch's own loading, one after the
 other (2-core VM, medians: jpeg 1,111 ms against 466 ms for torch's ``num_workers=0``, large
-614 against 56). Now, where the probe's first two samples show batches taking
-:data:`HEAD_MIN_BATCH_S` or more, the loader forks a second child that loads the batch the
-epoch starts with as a worker would (the same indices, seed and collation), and ``iter()``
-returns without waiting for the probe's answer. The child keeps the training process's
+614 against 56). Now the loader forks, right after the probe, a second child that loads the
+batch the epoch starts with as a worker would (the same indices, seed and collation); where
+the probe's first two samples show batches taking :data:`HEAD_MIN_BATCH_S` or more, ``iter()``
+returns without waiting for the probe's answer, else the child is stopped unused (forked only
+once the probe found batches slow, it started after the probe's first two samples: 150 ms of
+heavytail's first batch, whose first sample is a slow one). The child keeps the training process's
 priority, not the workers' lower one: the training loop waits for its batch (the probe
 discounts the time its own samples wait for a core, so sharing the cores with it does not
 change its answer).
@@ -48,9 +50,10 @@ from stoker.transport._handoff import open_arena, pack, unpack
 
 __all__ = ["HEAD_DEADLINE_S", "HEAD_MIN_BATCH_S", "HeadStart"]
 
-# A batch the probe's warm-up sees taking this long or more gets a head start: below it, a
-# second fork of the training process (7-14 ms of its time on the 2-core VM) costs more than
-# loading the batch once the workers run.
+# A batch the probe's warm-up sees taking this long or more is taken from the head start, the
+# workers starting at the next batch: below it the child is stopped, and the workers start at
+# iter() (or the main process loads), so that the batches after the first are not held up by
+# a pool that starts a batch late.
 HEAD_MIN_BATCH_S = 0.025
 # Longest the iterator waits for the child to name the batch it loads (it does so before
 # loading, milliseconds after its start), and for the batch itself before a worker loads it.
@@ -125,7 +128,10 @@ class HeadStart:
     def take(self, limit_s: float = 0.0) -> Any:
         """The batch (views of the child's memory file); None when the child gave none by
         :data:`HEAD_DEADLINE_S` after its start (or within ``limit_s`` seconds, if given),
-        failed, or met a failed sample. Closes the child."""
+        failed, or met a failed sample. Closes the child, except after a batch: it exits on
+        its own then, and waiting for it to (tearing down its memory took 16 ms of large's
+        first batch) is left to a later :meth:`close`."""
+        batch = None
         try:
             left = self.started + HEAD_DEADLINE_S - time.monotonic()
             if limit_s > 0:
@@ -139,13 +145,15 @@ class HeadStart:
                     os.close(fd)
                 return None
             try:
-                return unpack(fds[0], *found[1:])
+                batch = unpack(fds[0], *found[1:])
             except Exception:  # (a worker loads the batch again, and raises what it raises)
                 return None
             finally:
                 os.close(fds[0])
+            return batch
         finally:
-            self.close()
+            if batch is None:
+                self.close()
 
     def _receive(self, timeout: float) -> tuple[Any, list[int]] | None:
         """The child's next message and the descriptors it passed; None on a timeout or

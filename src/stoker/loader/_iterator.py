@@ -124,6 +124,7 @@ class MultiWorkerIterator(StokerIterBase):
         # and the workers start once it is delivered, with the probe's answer (stoker.loader.
         # _head): till then the loader is kept here, and the first task if a worker loads it.
         self._head: HeadStart | None = None
+        self._head_spent: HeadStart | None = None  # its batch delivered, the child exiting
         self._probe: Any = None
         self._deferred: Any = None
         self._epoch_request: int | None = None
@@ -290,9 +291,11 @@ class MultiWorkerIterator(StokerIterBase):
                             raise head_timeout_error(index, timeout, head.pid)
                         self._notes.append("the head start gave no first batch: a worker loads it")
                     else:
+                        self._head_spent = head  # (closed at the next batch: see take)
                         return self._deliver_head(idx, index, batch, time.perf_counter() - t0)
             finally:
-                head.close()
+                if self._head_spent is not head:
+                    head.close()
         self._finish_start()
         return None
 
@@ -317,9 +320,10 @@ class MultiWorkerIterator(StokerIterBase):
         """Take the probe's answer and start the workers (the head start is over)."""
         loader, self._deferred = self._deferred, None
         probe, self._probe = self._probe, None
-        if self._head is not None:
-            self._head.close()
-            self._head = None
+        for head in (self._head, self._head_spent):
+            if head is not None:
+                head.close()
+        self._head = self._head_spent = None
         loader._finish_probe(probe)
         settings = self._settings = loader._worker_settings()
         self._num_workers = loader.num_workers
@@ -653,15 +657,16 @@ class MultiWorkerIterator(StokerIterBase):
             self._device_stage.close()  # no slot is unmapped or refilled under a copy
         if self._handover is not None:
             self._handover.stop()
-        head, probe = getattr(self, "_head", None), getattr(self, "_probe", None)
-        if head is not None:
-            head.close()
+        probe = getattr(self, "_probe", None)
+        for head in (getattr(self, "_head", None), getattr(self, "_head_spent", None)):
+            if head is not None:
+                head.close()
         loader = getattr(self, "_deferred", None)
         if loader is not None and probe is not None:
             loader._pending_probe = probe  # its answer is the loader's (taken at the next iter)
         elif probe is not None:
             probe.close()
-        self._head = self._probe = self._deferred = None
+        self._head = self._head_spent = self._probe = self._deferred = None
         spin = getattr(self, "_spin", None)  # (absent if __init__ failed before it)
         if spin is not None:
             spin.close()

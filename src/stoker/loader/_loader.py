@@ -418,10 +418,10 @@ class DataLoader(tud.DataLoader[_T_co]):
         """``backend="auto"``: probe once, in a forked child, and keep the answer.
 
         With ``num_workers="auto"`` the answer may be to load in the main process: the loader
-        then runs with ``num_workers=0`` (and says why in :meth:`stats`). Where the probe's
-        warm-up finds batches slow, a second child starts loading the epoch's first batch and
-        the answer is taken later, by the iterator, once that batch is delivered (see
-        :mod:`stoker.loader._head`).
+        then runs with ``num_workers=0`` (and says why in :meth:`stats`). A second child starts
+        loading the epoch's first batch beside the probe; where the probe's warm-up finds
+        batches slow, the answer is taken later, by the iterator, once that batch is delivered
+        (see :mod:`stoker.loader._head`), else that child is stopped.
         """
         from stoker.autotune._probe import ProbeChild, choose_backend_isolated
         from stoker.loader._head import HEAD_MIN_BATCH_S, HeadStart
@@ -441,15 +441,20 @@ class DataLoader(tud.DataLoader[_T_co]):
             )
             self._apply_probe(backend, why, detail)
             return
+        # The head start loads at once, beside the probe: waiting for the probe's mark cost
+        # the first batch the probe's first two samples (heavytail's first is a slow one:
+        # 150 ms). Batches the warm-up finds cheap stop it unused. The probe forks first:
+        # cheap batches wait for its answer, slow ones for the head start's batch.
         probe = ProbeChild.start(self.dataset, collate, size, self._auto_workers, HEAD_MIN_BATCH_S)
-        if probe.wait_slow():
-            head = HeadStart.start(self)
-            if head is not None:
-                # Workers, whatever the answer: loading in the main process is for batches
-                # far quicker than the warm-up's.
-                self._resolved_backend = "process"
-                self._head = (head, probe)
-                return
+        head = HeadStart.start(self)
+        if probe.wait_slow() and head is not None:
+            # Workers, whatever the answer: loading in the main process is for batches far
+            # quicker than the warm-up's.
+            self._resolved_backend = "process"
+            self._head = (head, probe)
+            return
+        if head is not None:
+            head.close()
         detail = {}
         backend, why = probe.answer(detail)
         self._apply_probe(backend, why, detail)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from stoker.transport._codec import decode, encode
-from stoker.transport._mapping import map_fd
+from stoker.transport._mapping import map_fd, populate_write
 from stoker.transport._slots import _PAGE, ALIGN, HEADER_BYTES, _round_up, _Slot, bump
 
 __all__ = [
@@ -55,6 +55,9 @@ def handoff_file() -> int | None:
 # Bytes a file made for collation is sized to (sparse: only the pages written hold memory);
 # a batch that outgrows it is left to a worker.
 ARENA_RESERVE = 1 << 30
+# Bytes given out at once from which their pages are faulted in with one call: fewer pages
+# fault as cheaply one at a time.
+POPULATE_BYTES = 1 << 16
 
 
 class HandoffArena:
@@ -94,8 +97,11 @@ class HandoffArena:
         return True
 
     def alloc(self, nbytes: int) -> torch.Tensor | None:
-        """``nbytes`` of the file as a uint8 tensor, or None when they do not fit."""
+        """``nbytes`` of the file as a uint8 tensor, or None when they do not fit; its pages
+        are faulted in at once where there are many (see :func:`populate_write`)."""
         got, self._top = bump(self.current, self._top, nbytes)
+        if got is not None and nbytes >= POPULATE_BYTES:
+            populate_write(got.data_ptr(), nbytes)
         return got
 
     def seal(self) -> str | None:

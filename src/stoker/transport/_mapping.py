@@ -14,7 +14,7 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["map_fd", "map_file"]
+__all__ = ["map_fd", "map_file", "populate_write"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -28,6 +28,11 @@ _libc.mmap.argtypes = [
 ]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+# Linux 5.14+: fault a range in writable with one call (older kernels answer EINVAL).
+_MADV_POPULATE_WRITE = 23
+_PAGE = mmap.PAGESIZE
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _munmap = _libc.munmap  # bound early: __del__ may run during interpreter teardown
 
@@ -96,3 +101,13 @@ def map_fd(fd: int, size: int | None = None, what: str = "", populate: bool = Fa
     buf = array_type.from_address(addr)
     buf.unmapper = _Unmapper(addr, size)
     return buf
+
+
+def populate_write(addr: int, nbytes: int) -> bool:
+    """Fault the pages of a shared mapping holding ``[addr, addr + nbytes)`` in, writable, in
+    one call, before they are written: a fresh memory file's pages faulted one at a time cost
+    the head start's child 4-6 ms of large's 37 MiB batch (``madvise(MADV_POPULATE_WRITE)``).
+    Returns False where the kernel cannot (the pages then fault as they are written)."""
+    start = addr - addr % _PAGE
+    end = -(-(addr + nbytes) // _PAGE) * _PAGE
+    return _libc.madvise(start, end - start, _MADV_POPULATE_WRITE) == 0
