@@ -316,14 +316,20 @@ class MultiWorkerIterator(StokerIterBase):
         )
         return idx, batch
 
+    def _close_head_starts(self) -> None:
+        """Stop and reap the head start's child, waiting or spent (absent if __init__ failed
+        before they were set)."""
+        for name in ("_head", "_head_spent"):
+            head = getattr(self, name, None)
+            if head is not None:
+                head.close()
+            setattr(self, name, None)
+
     def _finish_start(self) -> None:
         """Take the probe's answer and start the workers (the head start is over)."""
         loader, self._deferred = self._deferred, None
         probe, self._probe = self._probe, None
-        for head in (self._head, self._head_spent):
-            if head is not None:
-                head.close()
-        self._head = self._head_spent = None
+        self._close_head_starts()
         loader._finish_probe(probe)
         settings = self._settings = loader._worker_settings()
         self._num_workers = loader.num_workers
@@ -658,15 +664,13 @@ class MultiWorkerIterator(StokerIterBase):
         if self._handover is not None:
             self._handover.stop()
         probe = getattr(self, "_probe", None)
-        for head in (getattr(self, "_head", None), getattr(self, "_head_spent", None)):
-            if head is not None:
-                head.close()
+        self._close_head_starts()
         loader = getattr(self, "_deferred", None)
         if loader is not None and probe is not None:
             loader._pending_probe = probe  # its answer is the loader's (taken at the next iter)
         elif probe is not None:
             probe.close()
-        self._head = self._head_spent = self._probe = self._deferred = None
+        self._probe = self._deferred = None
         spin = getattr(self, "_spin", None)  # (absent if __init__ failed before it)
         if spin is not None:
             spin.close()

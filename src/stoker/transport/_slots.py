@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import mmap
 import os
 import time
 import warnings
@@ -16,7 +15,7 @@ import torch
 from stoker._introspect.frames import user_stacklevel
 from stoker._introspect.platform import shm_dir, shm_free_bytes, shm_total_bytes
 from stoker.errors import SharedMemoryError
-from stoker.transport._mapping import map_file
+from stoker.transport._mapping import _PAGE, map_file
 from stoker.transport._namespace import create_private_file
 
 __all__ = [
@@ -47,7 +46,6 @@ SHM_HEADROOM = 1 << 20
 # from waiting longer), and how often it looks.
 SLOT_WAIT_S = 0.25
 SLOT_POLL_S = 0.0005
-_PAGE = mmap.PAGESIZE
 _NOT_HERE = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.EOPNOTSUPP, errno.EINVAL)
 
 
