@@ -15,16 +15,20 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 from _common import contender, contenders_parser, open_workload
 
 from stoker._commands.step import consume
+from stoker.bench._plan import SeededSampler
 
 
-def one_run(workload: str, kind: str, batches: int) -> dict[str, object]:
+def one_run(workload: str, kind: str, batches: int, shuffled: bool) -> dict[str, object]:
     """In this interpreter: seconds to the first and the ``batches``-th batch."""
     w, dataset = open_workload(workload)
-    sampler = list(range(len(dataset)))
+    sampler: Any = list(range(len(dataset)))
+    if shuffled:  # the bench's order (a seeded permutation), as shuffle=True gives
+        sampler = SeededSampler(len(dataset), len(dataset), seed=1)
     t0 = time.perf_counter()
     loader = contender(kind, dataset, w.batch_size, sampler)
     it = iter(loader)
@@ -44,10 +48,13 @@ def main() -> None:
     parser = contenders_parser(__doc__ or "")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument(
+        "--shuffled", action="store_true", help="a seeded random order instead of 0, 1, 2, ..."
+    )
     parser.add_argument("--child", action="store_true", help=argparse_hidden())
     args = parser.parse_args()
     if args.child:
-        result = one_run(args.workload, args.contenders[0], args.batches)
+        result = one_run(args.workload, args.contenders[0], args.batches, args.shuffled)
         print(json.dumps(result, default=str))
         return
     found: dict[str, list[dict[str, object]]] = {kind: [] for kind in args.contenders}
@@ -62,6 +69,7 @@ def main() -> None:
                     "--child",
                     "--batches",
                     str(args.batches),
+                    *(["--shuffled"] if args.shuffled else []),
                 ],
                 capture_output=True,
                 text=True,

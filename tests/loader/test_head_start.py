@@ -346,3 +346,78 @@ def test_the_head_start_loads_beside_the_probe_before_it_marks_slow_batches(
     assert (tmp_path / "probe-began").exists() and (tmp_path / "head-started").exists()
     assert not (tmp_path / "waited-in-vain").exists()
     assert HEAD_NOTE in _notes(loader)
+
+
+class RecordsNice(Dataset[int]):
+    """Appends ``probe N`` (no worker info: the backend probe's child) or ``loader N`` (the
+    head start's child, a worker) to a file, N the nice value it loads at."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.parent = os.getpid()
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if os.getpid() != self.parent:
+            who = "probe" if torch.utils.data.get_worker_info() is None else "loader"
+            with open(self.path, "a") as f:
+                f.write(f"{who} {os.nice(0)}\n")
+        _spin(SPIN_S)
+        return index
+
+
+def test_the_probe_leaves_the_cores_to_the_head_start_once_it_marked_slow_batches(
+    tmp_path: Any,
+) -> None:
+    from stoker.autotune._probe import PROBE_NICE_AFTER_MARK
+
+    path = tmp_path / "nice"
+    loader = _loader(RecordsNice(str(path)), worker_nice=0)
+    assert [int(x) for b in loader for x in b] == list(range(64))
+    assert HEAD_NOTE in _notes(loader)
+    seen: dict[str, set[int]] = {"probe": set(), "loader": set()}
+    for line in path.read_text().splitlines():
+        who, nice = line.split()
+        seen[who].add(int(nice))
+    mine = os.nice(0)
+    assert seen["loader"] == {mine}  # the head start's child (and the workers, at nice 0)
+    assert max(seen["probe"]) == min(19, mine + PROBE_NICE_AFTER_MARK)
+
+
+class ProbeStartsOnASlowSample(Dataset[int]):
+    """The probe's child (no worker info) begins with a sample that waits ``wait_s``, then
+    says so in a file; elsewhere each sample takes 4 ms (a batch of 8: over the shipped
+    threshold)."""
+
+    def __init__(self, folder: str, wait_s: float = 3.0) -> None:
+        self.done = os.path.join(folder, "probe-slow-sample-done")
+        self.wait_s = wait_s
+        self.parent = os.getpid()
+        self.probed = False
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if os.getpid() != self.parent and torch.utils.data.get_worker_info() is None:
+            if not self.probed:
+                self.probed = True
+                time.sleep(self.wait_s)
+                open(self.done, "a").close()
+        _spin(0.004)
+        return index
+
+
+def test_a_slow_batch_from_the_head_start_does_not_wait_for_the_probes_mark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setattr(head_mod, "HEAD_MIN_BATCH_S", SHIPPED_THRESHOLD_S)
+    dataset = ProbeStartsOnASlowSample(str(tmp_path))
+    loader = _loader(dataset)
+    it = iter(loader)
+    first = next(it)
+    assert not os.path.exists(dataset.done)  # the probe is still on its first sample
+    assert first.tolist() == list(range(8)) and HEAD_NOTE in _notes(loader)
+    assert [int(x) for b in it for x in b] == list(range(8, 64))

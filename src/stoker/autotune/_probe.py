@@ -47,6 +47,7 @@ __all__ = [
     "COW_BYTES_PER_SAMPLE",
     "INLINE_BATCH_S",
     "PROBE_BUDGET_S",
+    "PROBE_NICE_AFTER_MARK",
     "ProbeChild",
     "choose_backend",
     "choose_backend_isolated",
@@ -56,6 +57,8 @@ __all__ = [
 PROBE_BUDGET_S = 0.6
 # What the probing child writes before its answer when batches are slow (see on_slow_batch).
 SLOW_MARK = b"S"
+# Added to the probing child's nice value once it has written SLOW_MARK.
+PROBE_NICE_AFTER_MARK = 19
 
 
 def choose_backend(
@@ -202,6 +205,14 @@ class ProbeChild:
         os.close(w)
         return cls(pid, r)
 
+    def fileno(self) -> int:
+        """The pipe's descriptor (readable when the child wrote or is gone)."""
+        return self._r
+
+    def left(self) -> float:
+        """Seconds left before the child's deadline."""
+        return max(0.0, self._deadline - time.monotonic())
+
     def wait_slow(self) -> bool:
         """Block until the child says batches are slow (True) or has answered (False)."""
         return self._read(until_mark=True)
@@ -282,6 +293,10 @@ def _probe_in_child(
         if slow_s is not None and batch_s >= slow_s and not marked:
             marked = True
             os.write(w, SLOW_MARK)
+            # The head start's child loads the first batch now: the rest of the probe must
+            # not take its core (its serial pass discounts the time it waits for one).
+            with contextlib.suppress(OSError):
+                os.nice(PROBE_NICE_AFTER_MARK)
 
     try:
         # A forked child must not use the OpenMP pool its parent used (libgomp is not

@@ -14,7 +14,12 @@ priority, not the workers' lower one: the training loop waits for its batch (the
 discounts the time its own samples wait for a core, so sharing the cores with it does not
 change its answer).
 The first ``next()`` returns that batch (through :mod:`stoker.transport._handoff`); the second
-takes the probe's answer, which has come meanwhile, and starts the workers from batch 1.
+takes the probe's answer, which has come meanwhile, and starts the workers from batch 1. Once it
+has marked slow batches, the probe goes on at the lowest priority (:data:`~stoker.autotune.
+_probe.PROBE_NICE_AFTER_MARK`): the rest of its measurement, threads that load at once, took a
+core from the child (heavytail's first batch, medians of 7: 505 -> 451 ms). Where the batch's
+samples leave the global random generators alone, the child loads it in parts side by side, one
+per usable core (:mod:`stoker.loader._head_parts`).
 
 The batch is used only where it is the one a worker would load: the child names the indices
 and seed it drew before it loads, and the iterator compares them with its own first task (a
@@ -45,10 +50,11 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from stoker.loader._head_parts import Helpers, load_in_parts, part_count
 from stoker.sampling._seeding import batch_seed, load_generators, seed_all
 from stoker.transport._handoff import open_arena, pack, unpack
 
-__all__ = ["HEAD_DEADLINE_S", "HEAD_MIN_BATCH_S", "HeadStart"]
+__all__ = ["HEAD_DEADLINE_S", "HEAD_MIN_BATCH_S", "HeadStart", "wait_for_slow"]
 
 # A batch the probe's warm-up sees taking this long or more is taken from the head start, the
 # workers starting at the next batch: below it the child is stopped, and the workers start at
@@ -77,7 +83,11 @@ class HeadStart:
         self.pid = pid
         self._sock = sock
         self.started = time.monotonic()
-        self._reap = weakref.finalize(self, _end_child, pid, sock)
+        self.parts = 1  # parts the batch taken was loaded in side by side (_head_parts)
+        # Messages read ahead (poll_slow), in order, with the descriptors they passed.
+        self._inbox: list[tuple[tuple[Any, ...], list[int]]] = []
+        self._gone = False  # the child's end of the socket is closed
+        self._reap = weakref.finalize(self, _end_child, pid, sock, self._inbox)
 
     @staticmethod
     def eligible(loader: Any) -> bool:
@@ -140,12 +150,14 @@ class HeadStart:
             if msg is None:
                 return None
             found, fds = msg
-            if len(found) != 4 or found[0] != "batch" or len(fds) != 1:
+            if len(found) != 6 or found[0] != "batch" or len(fds) != 1:
                 for fd in fds:
                     os.close(fd)
                 return None
+            parts = found[4]
+            self.parts = parts if isinstance(parts, int) and parts >= 1 else 1
             try:
-                batch = unpack(fds[0], *found[1:])
+                batch = unpack(fds[0], *found[1:4])
             except Exception:  # (a worker loads the batch again, and raises what it raises)
                 return None
             finally:
@@ -155,17 +167,45 @@ class HeadStart:
             if batch is None:
                 self.close()
 
+    def fileno(self) -> int:
+        """The socket's descriptor (readable when the child sent something or is gone)."""
+        return self._sock.fileno()
+
+    def poll_slow(self, min_s: float) -> bool | None:
+        """Read what the child sent so far (kept for :meth:`claims` and :meth:`take`): True
+        once it sent a batch that took ``min_s`` or more to load, False once it cannot (a
+        quicker batch, a failure, its exit), None while it loads."""
+        while self._fetch(0.0):
+            pass
+        for msg, _ in self._inbox:
+            if msg[:1] == ("batch",):
+                return len(msg) == 6 and isinstance(msg[5], float) and msg[5] >= min_s
+            if msg[:1] != ("claim",):
+                return False
+        return False if self._gone else None
+
     def _receive(self, timeout: float) -> tuple[Any, list[int]] | None:
         """The child's next message and the descriptors it passed; None on a timeout or
         once the child is gone."""
+        if not self._inbox and not self._fetch(timeout):
+            return None
+        return self._inbox.pop(0)
+
+    def _fetch(self, timeout: float) -> bool:
+        """Read the child's next message into the inbox; False on a timeout or once the
+        child is gone."""
+        if self._gone:
+            return False
         try:
             if not select.select([self._sock], [], [], timeout)[0]:
-                return None
+                return False
             data, fds, _, _ = socket.recv_fds(self._sock, _MSG_BYTES, 1)
         except OSError:
-            return None
+            self._gone = True
+            return False
         if not data:
-            return None
+            self._gone = True
+            return False
         try:
             # The child is a fork of this process, started by it: its message is this
             # process's own data, not input from elsewhere.
@@ -174,18 +214,44 @@ class HeadStart:
             msg = ()
         if not isinstance(msg, tuple):
             msg = ()
-        return msg, list(fds)
+        self._inbox.append((msg, list(fds)))
+        return True
 
     def close(self) -> None:
         """Stop the child if it still runs, reap it, and drop anything it sent."""
         self._reap()
 
 
-def _end_child(pid: int, sock: socket.socket) -> None:
+def wait_for_slow(probe: Any, head: HeadStart, min_s: float) -> bool:
+    """Whether batches are slow: the probe's mark, or the head start's batch itself taking
+    ``min_s`` or more, whichever comes first; False once the probe answered without a mark.
+
+    The probe's warm-up may begin with a slow sample while the child's batch holds none: on
+    heavytail in a shuffled order the child had its batch 70 ms before the probe's mark.
+    """
+    watch_head = True
+    while True:
+        ready = select.select(
+            [probe.fileno(), *([head.fileno()] if watch_head else [])], [], [], probe.left()
+        )[0]
+        if not ready or probe.fileno() in ready:
+            return bool(probe.wait_slow())  # (past its deadline it stops the child: False)
+        slow = head.poll_slow(min_s)
+        if slow:
+            return True
+        watch_head = slow is None
+
+
+def _end_child(pid: int, sock: socket.socket, inbox: list[tuple[Any, list[int]]]) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(OSError):
         os.waitpid(pid, 0)
+    for _, fds in inbox:  # read ahead and never taken
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    inbox.clear()
     # A batch sent and never read holds its memory file while the socket lives, and the
     # workers forked since hold the socket: close what is queued.
     with contextlib.suppress(OSError):
@@ -202,6 +268,7 @@ def _end_child(pid: int, sock: socket.socket) -> None:
 def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # pragma: no cover
     """Load the epoch's first batch as a worker would, send it, and exit (never returns)."""
     code = 0
+    helpers: Helpers | None = None
     try:
         if main_thread:  # (from another thread the signal would come when *it* exits)
             with contextlib.suppress(Exception):
@@ -237,17 +304,30 @@ def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # prag
 
         arena = open_arena()
         _collate.install(arena)
+        started = time.perf_counter()
         seed_all(seed)
-        batch, failures = it._fetcher.fetch(index, seed)
+        fetcher, parts = it._fetcher, 1
+        failures: list[Any] = []
+        # Side by side where the batch's samples allow it (stoker.loader._head_parts).
+        count = part_count(len(index)) if fetcher.one_by_one and isinstance(index, list) else 1
+        if count > 1:
+            samples, parts, helpers = load_in_parts(fetcher.dataset, index, count)
+            batch = fetcher.collate_fn(samples)
+            del samples
+        else:
+            batch, failures = fetcher.fetch(index, seed)
         packed = None if failures else pack(batch, arena)
         if packed is None:
             _send(sock, ("failed",))
         else:
             fd, place = packed
-            _send(sock, ("batch", *place), fd)
+            _send(sock, ("batch", *place, parts, time.perf_counter() - started), fd)
     except BaseException:
         code = 1
     finally:
+        if helpers is not None:  # after the batch is sent: reaping waits for their exit
+            with contextlib.suppress(BaseException):
+                helpers.close()
         os._exit(code)
 
 

@@ -292,14 +292,17 @@ class MultiWorkerIterator(StokerIterBase):
                         self._notes.append("the head start gave no first batch: a worker loads it")
                     else:
                         self._head_spent = head  # (closed at the next batch: see take)
-                        return self._deliver_head(idx, index, batch, time.perf_counter() - t0)
+                        waited = time.perf_counter() - t0
+                        return self._deliver_head(idx, index, batch, waited, head.parts)
             finally:
                 if self._head_spent is not head:
                     head.close()
         self._finish_start()
         return None
 
-    def _deliver_head(self, idx: int, index: Any, batch: Any, waited: float) -> tuple[int, Any]:
+    def _deliver_head(
+        self, idx: int, index: Any, batch: Any, waited: float, parts: int
+    ) -> tuple[int, Any]:
         """Deliver the head start's batch as task ``idx`` (what ReplyHandler.deliver does)."""
         book, ctx = self._ctx.book, self._ctx
         book.complete(idx, Arrived(ThreadBatch(ctx.epoch, idx, -1, (), (), batch, []), index, None))
@@ -310,9 +313,11 @@ class MultiWorkerIterator(StokerIterBase):
         if self._pin_memory:
             batch = _pin_memory(batch, self._pin_memory_device)
         ctx.wait_s += waited
+        side_by_side = f" in {parts} parts side by side" if parts > 1 else ""
         self._notes.append(
-            f"first batch loaded beside the backend probe, {time.monotonic() - self._started:.2f}s"
-            " after iter(); the workers start at the next batch"
+            f"first batch loaded beside the backend probe{side_by_side}, "
+            f"{time.monotonic() - self._started:.2f}s after iter(); the workers start at the "
+            "next batch"
         )
         return idx, batch
 

@@ -424,7 +424,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         (see :mod:`stoker.loader._head`), else that child is stopped.
         """
         from stoker.autotune._probe import ProbeChild, choose_backend_isolated
-        from stoker.loader._head import HEAD_MIN_BATCH_S, HeadStart
+        from stoker.loader._head import HEAD_MIN_BATCH_S, HeadStart, wait_for_slow
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
         collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
@@ -447,7 +447,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         # cheap batches wait for its answer, slow ones for the head start's batch.
         probe = ProbeChild.start(self.dataset, collate, size, self._auto_workers, HEAD_MIN_BATCH_S)
         head = HeadStart.start(self)
-        if probe.wait_slow() and head is not None:
+        if head is not None and wait_for_slow(probe, head, HEAD_MIN_BATCH_S):
             # Workers, whatever the answer: loading in the main process is for batches far
             # quicker than the warm-up's.
             self._resolved_backend = "process"

@@ -229,6 +229,12 @@ class BatchFetcher:
         failures = [f for _, failed in parts for f in failed]
         return self._collate_tolerant(samples, failures, index)
 
+    @property
+    def one_by_one(self) -> bool:
+        """Whether a batch is ``collate_fn([dataset[i] for i in index])`` exactly: a map-style
+        dataset without ``__getitems__``, batches of indices, the ``"raise"`` policy."""
+        return not (self.tolerant or self.iterable or not self.auto_collation or self._getitems())
+
     def _getitems(self) -> Any:
         return getattr(self.dataset, "__getitems__", None)  # torch's test: set and truthy
 
