@@ -421,3 +421,35 @@ def test_a_slow_batch_from_the_head_start_does_not_wait_for_the_probes_mark(
     assert not os.path.exists(dataset.done)  # the probe is still on its first sample
     assert first.tolist() == list(range(8)) and HEAD_NOTE in _notes(loader)
     assert [int(x) for b in it for x in b] == list(range(8, 64))
+
+
+class Wide(Dataset[torch.Tensor]):
+    """16 KiB samples: a batch of 8 takes 128 KiB in a slot."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        _spin(SPIN_S)
+        return torch.full((4096,), float(i))
+
+
+def test_the_workers_size_their_first_slot_from_the_head_starts_batch() -> None:
+    loader = _loader(Wide())
+    it = iter(loader)
+    first = next(it)
+    rest = list(it)
+    assert HEAD_NOTE in _notes(loader)
+    # What the batch took in its memory file, header included: what a worker's slot needs.
+    told = it._spec_base["slot_bytes"]  # type: ignore[attr-defined]
+    assert 8 * 4096 * 4 <= told < 2 * 8 * 4096 * 4
+    got = torch.cat([first, *rest])
+    assert torch.equal(got[:, 0], torch.arange(32, dtype=torch.float32))
+    assert torch.equal(got, got[:, :1].expand(32, 4096))
+
+
+def test_without_a_head_start_the_workers_learn_the_slot_size_from_their_first_batch() -> None:
+    loader = _loader(Wide(), backend="process")
+    it = iter(loader)
+    assert it._spec_base["slot_bytes"] == 0  # type: ignore[attr-defined]
+    assert torch.equal(torch.cat(list(it))[:, 0], torch.arange(32, dtype=torch.float32))

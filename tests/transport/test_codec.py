@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import pickle
 import warnings
 from collections import namedtuple
 from dataclasses import dataclass
@@ -12,9 +13,11 @@ import pytest
 import torch
 from _codec_support import new_prefix, offset_in_slot, roundtrip
 from torch.utils.data import default_collate
+from torch.utils.data._utils import collate as torch_collate
 
 from stoker.transport import SlotArena, SlotMap, decode, encode, unlink_owned
 from stoker.transport._codec import _DTYPES
+from stoker.workers import _collate
 
 Pair = namedtuple("Pair", ["image", "label"])
 
@@ -162,6 +165,60 @@ def test_default_collate_stacks_straight_into_the_slot(collate_into_slots):
     out = decode(enc.payload, enc.slot, slots)
     assert torch.equal(out[0], torch.stack([s[0] for s in samples]))
     assert torch.equal(out[1], torch.arange(8))
+
+
+def _collate_first_batch(expect: int, budget: int) -> tuple[SlotArena, bool, int, object]:
+    """A fresh arena given ``expect``: whether its first batch collated into a slot, the
+    slot bytes made before the batch, and the batch as decoded (the arena still open)."""
+    prefix = new_prefix()
+    arena = SlotArena(prefix, 0, budget_bytes=budget, expect=expect)
+    saved = torch_collate.default_collate_fn_map[torch.Tensor]
+    _collate.install(arena)
+    try:
+        arena.prepare()
+        made = arena.held_bytes
+        arena.begin()
+        batch = default_collate([(torch.full((64, 64), float(i)), i) for i in range(8)])
+        in_place = offset_in_slot(arena, batch[0]) is not None
+        enc = encode(batch, arena)
+        slots = SlotMap()
+        out = (
+            decode(enc.payload, enc.slot, slots) if not enc.fallback else pickle.loads(enc.payload)
+        )
+        out = (out[0].clone(), out[1].clone())
+        slots.clear()
+        return arena, in_place, made, out
+    finally:
+        torch_collate.default_collate_fn_map[torch.Tensor] = saved
+        _collate._arena = None
+        arena.close()
+        unlink_owned(prefix)
+
+
+EXPECTED = [torch.stack([torch.full((64, 64), float(i)) for i in range(8)]), torch.arange(8)]
+
+
+def test_an_expected_batch_size_gives_the_first_batch_a_slot_made_beforehand():
+    # 8 x 64 x 64 float32 = 128 KiB: a head start's batch of that size said so.
+    _, in_place, made, out = _collate_first_batch(expect=(1 << 17) + 8192, budget=64 << 20)
+    assert made >= (1 << 17) + 8192  # made by prepare(), before any batch
+    assert in_place  # collated straight into it
+    assert torch.equal(out[0], EXPECTED[0]) and torch.equal(out[1], EXPECTED[1])
+
+
+def test_without_an_expected_size_the_first_batch_is_collated_then_copied():
+    _, in_place, made, out = _collate_first_batch(expect=0, budget=64 << 20)
+    assert made == 0 and not in_place
+    assert torch.equal(out[0], EXPECTED[0]) and torch.equal(out[1], EXPECTED[1])
+
+
+def test_an_expected_size_too_small_or_over_the_budget_still_delivers_the_batch():
+    _, in_place, made, out = _collate_first_batch(expect=4096, budget=64 << 20)
+    assert made > 0 and not in_place  # the slot made was too small: a larger one is taken
+    assert torch.equal(out[0], EXPECTED[0])
+    _, in_place, made, out = _collate_first_batch(expect=1 << 20, budget=1 << 16)
+    assert made == 0 and not in_place  # over the budget: nothing made, the ordinary path
+    assert torch.equal(out[0], EXPECTED[0]) and torch.equal(out[1], EXPECTED[1])
 
 
 def test_collate_errors_match_torch_for_mismatched_shapes(collate_into_slots):

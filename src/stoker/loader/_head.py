@@ -84,6 +84,9 @@ class HeadStart:
         self._sock = sock
         self.started = time.monotonic()
         self.parts = 1  # parts the batch taken was loaded in side by side (_head_parts)
+        # Bytes the batch taken holds in its memory file, header included, as a worker's
+        # slot would (0: none taken, or no tensor in it): the workers' first slot size.
+        self.slot_bytes = 0
         # Messages read ahead (poll_slow), in order, with the descriptors they passed.
         self._inbox: list[tuple[tuple[Any, ...], list[int]]] = []
         self._gone = False  # the child's end of the socket is closed
@@ -154,8 +157,10 @@ class HeadStart:
                 for fd in fds:
                     os.close(fd)
                 return None
-            parts = found[4]
+            slot, offset, parts = found[1], found[2], found[4]
             self.parts = parts if isinstance(parts, int) and parts >= 1 else 1
+            # (the data ends where pack() put the header)
+            self.slot_bytes = offset if slot is not None and isinstance(offset, int) else 0
             try:
                 batch = unpack(fds[0], *found[1:4])
             except Exception:  # (a worker loads the batch again, and raises what it raises)

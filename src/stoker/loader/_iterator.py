@@ -125,6 +125,7 @@ class MultiWorkerIterator(StokerIterBase):
         # _head): till then the loader is kept here, and the first task if a worker loads it.
         self._head: HeadStart | None = None
         self._head_spent: HeadStart | None = None  # its batch delivered, the child exiting
+        self._slot_bytes = 0  # what the head start's batch took (HeadStart.slot_bytes)
         self._probe: Any = None
         self._deferred: Any = None
         self._epoch_request: int | None = None
@@ -152,6 +153,7 @@ class MultiWorkerIterator(StokerIterBase):
             on_error=self._policy.on_error,
             shm_require=settings.shm_require,
             nice=settings.nice,
+            slot_bytes=self._slot_bytes,
         )
         init = sharding_worker_init(
             self._dataset, settings.worker_init_fn, self._world_size, self._rank
@@ -334,6 +336,8 @@ class MultiWorkerIterator(StokerIterBase):
         """Take the probe's answer and start the workers (the head start is over)."""
         loader, self._deferred = self._deferred, None
         probe, self._probe = self._probe, None
+        spent = self._head_spent
+        self._slot_bytes = spent.slot_bytes if spent is not None else 0
         self._close_head_starts()
         loader._finish_probe(probe)
         settings = self._settings = loader._worker_settings()

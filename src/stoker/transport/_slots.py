@@ -15,7 +15,7 @@ import torch
 from stoker._introspect.frames import user_stacklevel
 from stoker._introspect.platform import shm_dir, shm_free_bytes, shm_total_bytes
 from stoker.errors import SharedMemoryError
-from stoker.transport._mapping import _PAGE, map_file
+from stoker.transport._mapping import _PAGE, map_file, populate_write
 from stoker.transport._namespace import create_private_file
 
 __all__ = [
@@ -102,6 +102,10 @@ class SlotArena:
             instead of leaving the batch to the ordinary path (``shm="require"``).
         spill_directory: a private directory on another filesystem (under the temp
             directory) for the slots ``directory`` has no room for; None: no spilling.
+        expect: bytes a batch is known to take in a slot, header included (0: unknown). The
+            first batch then gets a slot at once and collates into it; else it collates into
+            ordinary memory and is copied into a slot sized after it (for ``large``'s 37 MiB
+            batch, 44 ms of a fresh worker's first batch).
 
     Attributes:
         short: slots this arena could not create in ``directory`` for want of room.
@@ -117,6 +121,7 @@ class SlotArena:
         *,
         require: bool = False,
         spill_directory: str | None = None,
+        expect: int = 0,
     ) -> None:
         self._dir = directory or shm_dir()
         self._require = require
@@ -127,7 +132,8 @@ class SlotArena:
         self._budget = budget_bytes
         self._slots: list[_Slot] = []
         self._counter = 0
-        self._want = 0  # size of slot to use for the next batch (0: unknown yet)
+        # Size of slot to use for the next batch (0: unknown yet).
+        self._want = _round_up(int(expect * GROWTH_FACTOR), _PAGE) if expect > 0 else 0
         self.retired: list[str] = []  # names unlinked since the last header
         self.current: _Slot | None = None
         self._top = HEADER_BYTES
@@ -234,6 +240,17 @@ class SlotArena:
         self.current = self._create(self._want)
         if self.current is None and wait:
             self.current = self._await_release(self._want)
+
+    def prepare(self) -> None:
+        """Make the slot the next batch takes now, its pages faulted in, where its size is
+        known (``expect``): a worker does so before its first task comes, which then does
+        not wait for it (reserving and faulting in large's 46 MiB slot took a fresh worker
+        20-40 ms on the 2-core VM)."""
+        if not self._want or any(s.free and s.size >= self._want for s in self._slots):
+            return
+        slot = self._create(self._want)
+        if slot is not None:
+            populate_write(slot.addr, slot.size)
 
     def _await_release(self, size: int) -> _Slot | None:
         """No new slot can be made (no room, or over budget): wait up to

@@ -95,6 +95,9 @@ class WorkerSpec:
     shm_require: bool = False  # no room for a slot is an error, not the pipe (shm="require")
     spill_dir: str | None = None  # private directory under the temp dir for slots (see SlotArena)
     nice: int = 0  # added to the process's nice value at start (see WORKER_NICE)
+    # Bytes a batch took in a slot before this worker started (the head start's batch; 0:
+    # unknown): its first batch collates straight into a slot of that size.
+    slot_bytes: int = 0
 
 
 def _cleanup_pool_files(prefixes: list[str]) -> None:
@@ -179,6 +182,7 @@ class _Worker:
             directory=spec.shm_dir,
             require=spec.shm_require,
             spill_directory=spec.spill_dir,
+            expect=spec.slot_bytes,
         )
         self.blocked = BlockedSampler()
         self.seeding: WorkerSeeding  # made by setup(), which seeds the generators
@@ -206,6 +210,7 @@ class _Worker:
                 return False
             self.seeding.adopt()
         self.send(Ready(spec.worker_id))
+        self.arena.prepare()  # (while the main process starts the others and the epoch)
         return True
 
     # -- epochs --------------------------------------------------------------------------
