@@ -9,6 +9,11 @@ Lifecycle of one slot::
     main:   the user drops the last view -> finalizer sets the state byte back to FREE
     worker: the slot is reused for a later batch (no new segment, no page faults)
 
+A worker learns the slot size from its first batch (collated into ordinary memory, then copied
+into a slot 25% larger: GROWTH_FACTOR), or from the size it was told at start
+(``SlotArena(expect=...)``: the head start's batch), in which case it makes the slot before
+its first task and that batch collates straight into it.
+
 A slot is a file in its pool's private directory (:class:`PoolNamespace`: mode 0700, a random
 name, locked with ``flock`` for the pool's life). The pool removes the directory at shutdown;
 a later run removes directories of this user whose lock no live process holds.
