@@ -36,7 +36,6 @@ reading opens there (an h5py file, an LMDB environment) the forked workers would
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import pickle
@@ -50,7 +49,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from stoker.loader._head_parts import Helpers, load_in_parts, part_count
+from stoker.loader._head_parts import Helpers, die_with_parent, load_in_parts, part_count
 from stoker.sampling._seeding import batch_seed, load_generators, seed_all
 from stoker.transport._handoff import open_arena, pack, unpack
 
@@ -69,7 +68,6 @@ _PROTOCOL = 5
 # Largest message the child sends (a first batch of about 100,000 indices); a longer one is
 # cut short and read as no message (the workers load the batch).
 _MSG_BYTES = 1 << 20
-_PR_SET_PDEATHSIG = 1
 
 
 class HeadStart:
@@ -276,8 +274,7 @@ def _child(loader: Any, sock: socket.socket, main_thread: bool) -> None:  # prag
     helpers: Helpers | None = None
     try:
         if main_thread:  # (from another thread the signal would come when *it* exits)
-            with contextlib.suppress(Exception):
-                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            die_with_parent()
         gc.freeze()  # inherited objects are never collected here (pages stay shared)
         import torch
 

@@ -50,6 +50,7 @@ __all__ = [
     "HEAD_MIN_PART",
     "HEAD_SPLIT_MIN_S",
     "Helpers",
+    "die_with_parent",
     "load_in_parts",
     "part_count",
 ]
@@ -70,6 +71,14 @@ _PROTOCOL = 5
 _GO = b"g"
 _MSG_BYTES = 1 << 16
 _PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this forked process when its parent dies (Linux; elsewhere a
+    no-op). Called from the parent's main thread only: the signal comes when the thread
+    that forked exits."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def part_count(batch_size: int) -> int:
@@ -243,8 +252,7 @@ def _helper(
     """Load ``part``, hand the samples over if the generators stand as at ``start``, exit."""
     code = 0
     try:
-        with contextlib.suppress(Exception):  # dies with the child that forked it
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        die_with_parent()  # (with the child that forked it)
         if os.getppid() != parent or sock.recv(1) != _GO:  # (stopped unused: EOF)
             return
         from stoker.workers import _collate
