@@ -10,6 +10,7 @@ import torch.utils.data as tud
 
 from stoker.bench._contenders import (
     OPTIONAL,
+    PEER_ORDER_NOTES,
     ContenderSpec,
     build_loader,
     close_loader,
@@ -192,3 +193,29 @@ def test_closing_spdl_waits_for_the_batches_its_threads_are_building() -> None:
     close_loader(loader)
     del it
     assert threading.active_count() == before
+
+
+class _SlowFirstBatch(tud.Dataset[int]):
+    """Sample 0 takes half a second; the others load at once."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, idx: int) -> int:
+        if idx == 0:
+            time.sleep(0.5)
+        return idx
+
+
+def test_spdl_delivers_batches_as_they_are_built_as_its_table_note_says() -> None:
+    """The note under SPDL's rows (PEER_ORDER_NOTES) is what its pipeline does: a batch held
+    up by a slow sample comes after the batches built meanwhile."""
+    pytest.importorskip("spdl.pipeline")
+    assert "output_order='completion'" in PEER_ORDER_NOTES["spdl"]
+    loader = build_loader(ContenderSpec("spdl", 4), _SlowFirstBatch(), 4, range(16))
+    try:
+        firsts = [int(b[0]) for b in loader]
+    finally:
+        close_loader(loader)
+    assert sorted(firsts) == [0, 4, 8, 12]
+    assert firsts[0] != 0 and firsts[-1] == 0

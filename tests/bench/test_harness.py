@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from stoker.bench import Plan, Workload, _runs, make_plan, run
-from stoker.bench._contenders import ContenderSpec
+from stoker.bench._contenders import PEER_ORDER_NOTES, ContenderSpec
 from stoker.bench._harness import SeededSampler, bench_workload, measure_ideal
 from stoker.bench._measure import TreeMeter
 from stoker.bench._stats import Ideal
@@ -546,6 +546,9 @@ def test_train_family_and_peer_grids_run_every_planned_configuration() -> None:
         for c in table.contenders:
             assert c.ok and len(c.runs) == 1, (c.name, c.error)
             assert c.runs[0].steps >= 2
+    # A peer that delivers out of the sampler's order says so under its table, once.
+    order_notes = [n for n in result.notes if "sampler's order" in n]
+    assert order_notes == ([PEER_ORDER_NOTES["spdl"]] if "spdl" in peers else [])
 
 
 def test_quick_train_family_is_fed_by_the_torch_row_the_loader_table_stars() -> None:

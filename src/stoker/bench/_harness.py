@@ -27,6 +27,7 @@ import torch
 import torch.utils.data as tud
 
 from stoker.bench._contenders import (
+    PEER_ORDER_NOTES,
     ContenderSpec,
     installed_peers,
     merge,
@@ -201,6 +202,8 @@ def _contenders(
         specs.append(
             ContenderSpec(library, point.num_workers, point.prefetch_factor, roles=("optional",))
         )
+        if library in PEER_ORDER_NOTES:
+            peer_notes.append(PEER_ORDER_NOTES[library])
     return merge(specs), [plan.grid_note, *peer_notes]
 
 
