@@ -915,6 +915,7 @@ class _Napping(tud.Dataset):
         return i
 
 
+@pytest.mark.measures  # the window widens on cores measured idle
 def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(monkeypatch):
     """All at once, 16 workers on 2 cores finish their first batches late together; a slow
     start hands out one batch per core to as many workers, then widens as cores sit idle,
@@ -929,15 +930,18 @@ def test_an_auto_pool_started_larger_than_the_cores_starts_one_batch_per_core(mo
     loader = stoker.DataLoader(_Napping(), batch_size=2, num_workers="auto", backend="process")
     loader._start_with(cores + 2)
     it = iter(loader)
-    scaler, pool = it._scaler, it._pool
-    assert scaler is not None and scaler.window == cores
-    assert it._ctx.book.outstanding == cores
-    assert len(pool.active) == cores and scaler.deferred == 2  # the other two wait
-    assert f"slow start: {cores} of {cores + 2} workers started" in " ".join(it._notes)
-    assert [int(x) for b in it for x in b] == list(range(200))
-    assert scaler.window is None and scaler.deferred == 0  # lifted
-    # The samples wait (cores sat idle): the window widened and started the deferred ones.
-    assert len(pool.processes) > cores, it._notes
+    try:
+        scaler, pool = it._scaler, it._pool
+        assert scaler is not None and scaler.window == cores
+        assert it._ctx.book.outstanding == cores
+        assert len(pool.active) == cores and scaler.deferred == 2  # the other two wait
+        assert f"slow start: {cores} of {cores + 2} workers started" in " ".join(it._notes)
+        assert [int(x) for b in it for x in b] == list(range(200))
+        assert scaler.window is None and scaler.deferred == 0  # lifted
+        # The samples wait (cores sat idle): the window widened and started the deferred ones.
+        assert len(pool.processes) > cores, it._notes
+    finally:
+        it._shutdown()  # (a failed assertion's traceback would keep the workers alive)
     del it
     gc.collect()
 
@@ -953,6 +957,7 @@ class _Busy(tud.Dataset):
         return i
 
 
+@pytest.mark.measures  # asserts a decision from cores measured busy
 def test_a_slow_start_on_busy_cores_never_starts_the_deferred_workers(monkeypatch):
     import stoker
     from stoker._introspect.platform import usable_cores
@@ -963,9 +968,12 @@ def test_a_slow_start_on_busy_cores_never_starts_the_deferred_workers(monkeypatc
     loader = stoker.DataLoader(_Busy(), batch_size=2, num_workers="auto", backend="process")
     loader._start_with(cores + 6)
     it = iter(loader)
-    pool = it._pool
-    assert [int(x) for b in it for x in b] == list(range(64))
-    assert len(pool.processes) <= cores + 1, it._notes  # CPU work: no idle cores to fill
+    try:
+        pool = it._pool
+        assert [int(x) for b in it for x in b] == list(range(64))
+        assert len(pool.processes) <= cores + 1, it._notes  # CPU work: no idle cores to fill
+    finally:
+        it._shutdown()  # (a failed assertion's traceback would keep the workers alive)
     del it
     gc.collect()
 
