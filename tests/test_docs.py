@@ -108,6 +108,7 @@ def check_console(body: str, where: str, cwd: Path) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.measures  # monitor.md's verdict comes from a real-time watch
 def test_every_example_prints_what_its_page_shows(page: Path, tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     found = blocks(page)

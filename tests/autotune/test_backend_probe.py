@@ -299,6 +299,7 @@ class Recorded(Dataset):
         return i
 
 
+@pytest.mark.measures  # the warm-up's length follows the measured clock
 def test_the_serial_pass_warms_up_with_a_batch_of_cheap_samples_and_two_slow_ones() -> None:
     # Cheap samples: the first batch is loaded and collated before any sample is timed (a
     # forked child's first allocations copy its parent's pages; that is not the dataset's cost).

@@ -82,6 +82,7 @@ def test_time_the_caller_counts_as_its_own_is_left_out_of_the_step_figures() -> 
     assert loop and step is None
 
 
+@pytest.mark.measures  # a real GIL meter must finish readings in the window
 def test_forget_leaves_out_the_readings_so_far_and_the_one_under_way() -> None:
     meter = GilMeter(PERIOD_S, WAKEUPS)
     meter.start()

@@ -80,6 +80,7 @@ def test_the_gil_meter_reads_a_free_gil_low_and_a_held_one_high() -> None:
     assert max(free) < 0.5 < min(held), (free, held)
 
 
+@pytest.mark.measures  # a real GIL meter must finish readings in the window
 def test_a_disturbance_takes_out_the_readings_it_touched_and_the_next() -> None:
     meter = GilMeter(period_s=0.05, wakeups=2)  # a reading every 0.1 s or more
     meter.start()
@@ -212,6 +213,7 @@ class Slow(Dataset):
         return torch.full((4,), float(i))
 
 
+@pytest.mark.measures  # the real probe must choose threads to cover waits
 def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
     quick: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -226,6 +226,7 @@ def test_an_epoch_left_after_its_first_batch_leaves_the_probe_answer_to_the_next
     assert (HEAD_NOTE in " | ".join(notes)) == persistent  # (an iterator's notes are its own)
 
 
+@pytest.mark.measures  # asserts a measured probe decision
 def test_cheap_batches_load_in_the_main_process_without_a_head_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -236,6 +237,7 @@ def test_cheap_batches_load_in_the_main_process_without_a_head_start(
     assert HEAD_NOTE not in _notes(loader)
 
 
+@pytest.mark.measures  # asserts a measured probe decision
 def test_a_main_process_answer_after_a_head_start_keeps_the_workers() -> None:
     """Batches the warm-up found slow (forced here) but the probe found cheap: the first batch
     came from the head start, and the workers load the rest, as the notes say."""

@@ -175,6 +175,7 @@ def test_a_users_wait_policy_or_the_switch_turns_it_off(monkeypatch: pytest.Monk
 @needs_libgomp
 @needs_step_team
 @pytest.mark.parametrize("backend", ["process", "thread"])
+@pytest.mark.measures  # the throttle engages on the workers' measured CPU
 def test_busy_workers_throttle_the_loops_spinning_until_shut_down(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,6 +195,7 @@ def test_busy_workers_throttle_the_loops_spinning_until_shut_down(
 
 @needs_libgomp
 @needs_step_team
+@pytest.mark.measures  # the throttle engages on the workers' measured CPU
 def test_the_epochs_end_lets_go_of_the_throttle_while_persistent_workers_idle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -558,6 +558,7 @@ def test_break_then_release_persistent_loader_stops_workers() -> None:
     assert _wait_dead(pids) == []
 
 
+@pytest.mark.measures  # asserts how long the shutdown took
 @pytest.mark.parametrize("backend", ["process", "thread"])
 def test_shutdown_gives_up_the_batches_in_flight_instead_of_finishing_them(backend: str) -> None:
     # Batch 0 loads at once; every later batch takes BATCH * delay to finish.

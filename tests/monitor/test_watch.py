@@ -224,6 +224,7 @@ def test_tensorboard_scalars_are_the_health_reports(tmp_path) -> None:
     assert [v for _, v in have] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.measures  # asserts a measured wait fraction
 def test_real_time_with_sleeps() -> None:
     def slow(n: int):
         for _ in range(n):
@@ -281,6 +282,7 @@ def test_loader_is_read_at_most_every_sample_interval(monkeypatch) -> None:
     assert [t - t0 for t in reads] == pytest.approx([0.5, 1.5, 2.5, 3.5])
 
 
+@pytest.mark.measures  # a reading thread races the pass's wall time
 def test_worker_pss_is_read_in_a_thread_that_ends_with_the_pass(monkeypatch) -> None:
     monkeypatch.setattr(_probe, "SAMPLE_MIN_INTERVAL_S", 0.0)
     monkeypatch.setattr(_probe, "PSS_MIN_INTERVAL_S", 0.0)

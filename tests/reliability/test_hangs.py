@@ -146,6 +146,7 @@ def test_hang_times_out_naming_worker_pid_indices_and_stack(in_order: bool, tmp_
         assert r["delivered"] == list(range(12))
 
 
+@pytest.mark.measures  # compares two measured clocks within CLOCK_SLACK_S
 def test_stats_show_the_stalled_worker_before_the_timeout(tmp_path: Path) -> None:
     r = run_case(case_hang, ready_dir=str(tmp_path), in_order=True).result
     stall = r["stall"]
@@ -175,6 +176,7 @@ def test_stats_show_the_stalled_worker_before_the_timeout(tmp_path: Path) -> Non
         (0.25, 2, 2.0),
     ],
 )
+@pytest.mark.measures  # each batch's wall time must stay under the loader's timeout
 def test_slow_but_alive_worker_is_not_a_hang(
     delay_s: float, batch_size: int, timeout_s: float
 ) -> None:

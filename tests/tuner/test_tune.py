@@ -74,6 +74,7 @@ def test_the_winner_is_the_cheapest_configuration_within_the_noise_of_the_fastes
         pick([])
 
 
+@pytest.mark.measures  # the climb stops where the measured rate stops improving
 def test_default_search_probes_the_backend_then_halves_worker_counts_then_prefetch():
     result = tune(Squares(), 32, budget_s=60, output=None)
     assert result.notes and result.notes[0].startswith("backend=")

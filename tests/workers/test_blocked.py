@@ -39,6 +39,7 @@ def _span(sampler: BlockedSampler, work) -> tuple[float, float]:
             return result
 
 
+@pytest.mark.measures  # asserts shares of measured running and sleeping time
 def test_cpu_work_reads_as_running_sleep_as_blocked_and_task_waits_as_neither(monkeypatch):
     monkeypatch.setattr(_blocked, "BLOCKED_SPAN_S", 0.02)
     sampler = BlockedSampler()
@@ -85,6 +86,7 @@ def test_the_samplers_of_one_gate_take_turns(monkeypatch):
     assert gate[0] > time.perf_counter() + 59
 
 
+@pytest.mark.measures  # asserts a share measured beside other busy processes
 def test_workers_that_only_take_turns_on_the_cores_are_not_blocked():
     # One more busy process than cores, each loading sub-tick batches: a third of their
     # time is spent queued for a core. Sampled batch by batch, that read as 30% blocked

@@ -127,6 +127,7 @@ class _Squares(tud.Dataset):
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.measures  # the run's length follows the measured clock
 def test_a_run_ends_short_once_it_outlasts_its_limit(on_error: str) -> None:
     from torch.utils.data import default_collate
 
