@@ -6,6 +6,8 @@ use is bounded by its CPU affinity and by the cgroup CPU quota. Both are honoure
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 from pathlib import Path
@@ -213,3 +215,13 @@ def thread_sched_seconds() -> tuple[float, float] | None:
         return int(on_cpu) / 1e9, int(queued) / 1e9
     except (OSError, ValueError):
         return None
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """Have the kernel send this (forked) process ``signum`` when the thread that forked it
+    exits (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a no-op)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)

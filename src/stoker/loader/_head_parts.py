@@ -27,7 +27,6 @@ generators (a counter of calls, say); each worker has its own such state anyway.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import pickle
@@ -42,7 +41,7 @@ from typing import Any
 
 import torch
 
-from stoker._introspect.platform import usable_cores
+from stoker._introspect.platform import set_parent_death_signal, usable_cores
 from stoker.transport._handoff import pack, unpack
 
 __all__ = [
@@ -70,15 +69,13 @@ _PROTOCOL = 5
 # What the child sends a helper to start loading.
 _GO = b"g"
 _MSG_BYTES = 1 << 16
-_PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
     """Have the kernel kill this forked process when its parent dies (Linux; elsewhere a
     no-op). Called from the parent's main thread only: the signal comes when the thread
     that forked exits."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    set_parent_death_signal(signal.SIGKILL)
 
 
 def part_count(batch_size: int) -> int:

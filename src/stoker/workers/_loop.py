@@ -13,7 +13,6 @@ exits, even while user code blocks (a watcher thread, and ``PR_SET_PDEATHSIG`` o
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import glob
 import os
@@ -27,6 +26,7 @@ from typing import Any
 import cloudpickle
 from torch.utils.data._utils import worker as _torch_worker
 
+from stoker._introspect.platform import set_parent_death_signal
 from stoker.sampling._seeding import WorkerSeeding
 from stoker.transport import SlotArena, encode, open_private_file
 from stoker.transport._namespace import MARKER
@@ -63,7 +63,6 @@ RETIRE = b"R"
 # How often a worker checks that the main process is still alive.
 PARENT_POLL_S = 0.25
 _PROTOCOL = 5
-_PR_SET_PDEATHSIG = 1
 # Where a failure happened, as a worker's error says.
 _LOADING = "loading the samples at indices"
 # Sent by the kernel to a worker when the main process (thread) that started it dies.
@@ -132,9 +131,7 @@ def _set_pdeathsig(ppid: int, prefix: list[str]) -> None:
         os._exit(1)
 
     signal.signal(PARENT_DEATH_SIGNAL, on_parent_death)
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
+    set_parent_death_signal(PARENT_DEATH_SIGNAL)
     if os.getppid() != ppid:  # the parent died before prctl took effect
         on_parent_death(PARENT_DEATH_SIGNAL, None)
 
