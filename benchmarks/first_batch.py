@@ -41,7 +41,15 @@ def one_run(workload: str, kind: str, batches: int, shuffled: bool) -> dict[str,
     notes = stats().notes if callable(stats) else []
     backend = getattr(loader, "_resolved_backend", "")
     head = any("beside the backend probe" in note for note in notes)  # stoker.loader._head
-    return {"first": first, "nth": nth, "backend": backend, "notes": notes[:1], "head": head}
+    main = any("in the main process" in note for note in notes)  # stoker.loader._main_first
+    return {
+        "first": first,
+        "nth": nth,
+        "backend": backend,
+        "notes": notes[:1],
+        "head": head,
+        "main": main,
+    }
 
 
 def main() -> None:
@@ -80,13 +88,15 @@ def main() -> None:
     for kind, runs in found.items():
         first = statistics.median(float(r["first"]) for r in runs)  # type: ignore[arg-type]
         nth = statistics.median(float(r["nth"]) for r in runs)  # type: ignore[arg-type]
-        firsts = " ".join(f"{float(r['first']):.2f}" for r in runs)  # type: ignore[arg-type]
+        firsts = " ".join(f"{1e3 * float(r['first']):.1f}" for r in runs)  # type: ignore[arg-type]
         backends = sorted({str(r["backend"]) for r in runs})
         heads = sum(bool(r.get("head")) for r in runs)
+        mains = sum(bool(r.get("main")) for r in runs)
         print(
-            f"  {kind:<10} first batch {first:6.3f} s  {args.batches} batches {nth:6.3f} s  "
-            f"(firsts {firsts}) {','.join(b for b in backends if b)}"
-            + (f", head start in {heads} of {len(runs)}" if heads else ""),
+            f"  {kind:<10} first batch {1e3 * first:7.1f} ms  {args.batches} batches {nth:6.3f} s  "
+            f"(firsts, ms: {firsts}) {','.join(b for b in backends if b)}"
+            + (f", head start in {heads} of {len(runs)}" if heads else "")
+            + (f", main process's first batch in {mains} of {len(runs)}" if mains else ""),
             flush=True,
         )
 

@@ -18,6 +18,7 @@ from stoker.autotune import _gil, _scaling
 from stoker.autotune._gil import GilMeter
 from stoker.autotune._probe import choose_backend
 from stoker.loader import _head, _switch
+from stoker.loader._main_first import MainFirst
 
 
 class Waiting(Dataset):
@@ -222,8 +223,10 @@ def test_the_handover_takes_back_queued_batches_and_those_being_loaded(
     the processes give up the batches they load at their next sample, and threads load both;
     the batches the processes finished are delivered from their slots."""
     monkeypatch.setattr(_switch, "HANDOVER_READINGS", 10**6)  # decided below, not by the meter
-    # The pool must run from iter() on (no first batch loaded beside the probe first).
+    # The pool must run from iter() on (no first batch loaded beside the probe first, nor in
+    # the main process before it).
     monkeypatch.setattr(_head, "HEAD_MIN_BATCH_S", float("inf"))
+    monkeypatch.setattr(MainFirst, "eligible", staticmethod(lambda loader: False))
     # Four batches in flight per process: tasks stay queued behind the ones being loaded
     # however late the processes start (one CI run had none queued with the tuned depth).
     loader = stoker.DataLoader(Slow(), batch_size=8, num_workers="auto", prefetch_factor=4)

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset, Sampler
 import stoker
 import stoker.loader._head as head_mod
 from stoker.loader._head import HeadStart
+from stoker.loader._main_first import MainFirst
 
 HANG_GUARD_S = 120
 # Each sample's CPU work: a batch of 8 takes about 4 ms, over the probe's limit for loading in
@@ -238,9 +239,13 @@ def test_cheap_batches_load_in_the_main_process_without_a_head_start(
 
 
 @pytest.mark.measures  # asserts a measured probe decision
-def test_a_main_process_answer_after_a_head_start_keeps_the_workers() -> None:
+def test_a_main_process_answer_after_a_head_start_keeps_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Batches the warm-up found slow (forced here) but the probe found cheap: the first batch
-    came from the head start, and the workers load the rest, as the notes say."""
+    came from the head start, and the workers load the rest, as the notes say (with
+    num_workers="auto" the main process would load the first batch itself: not here)."""
+    monkeypatch.setattr(MainFirst, "eligible", staticmethod(lambda loader: False))
     loader = stoker.DataLoader(list(range(256)), batch_size=4, num_workers="auto")
     assert [int(x) for b in loader for x in b] == list(range(256))
     notes = _notes(loader)

@@ -13,6 +13,7 @@ When ``num_workers="auto"`` chose the main process, batches are loaded a few at 
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from typing import Any
 
@@ -59,6 +60,43 @@ class InlineIterator(StokerIterBase):
         self._group = GROUP_BATCHES if getattr(loader, "_inline_ahead", False) else 1
         self._caller_rng = CallerRandomState()
         self._begin_epoch(loader, rng_at_start, first=True)
+
+    @classmethod
+    def adopt(cls, loader: Any, it: Any, pending: tuple[int, Any] | None) -> InlineIterator:
+        """An iterator that goes on with the epoch ``it`` (a
+        :class:`~stoker.loader._iterator.MultiWorkerIterator` whose first batch the main
+        process loaded, :mod:`stoker.loader._main_first`) began, in the main process: its
+        sampler's pass, seeds, delivered batches and failures; ``pending``: ``(task, index)``
+        of a batch drawn and not loaded, loaded first. The loader's random state and epoch
+        count are left as ``it`` left them."""
+        rng = EpochState.capture_rng(loader.generator)
+        epochs, device = loader._epochs_started, loader.device
+        self = cls.__new__(cls)
+        loader.device = None  # (it has its own device stage, which pulls from this one)
+        try:
+            self.__init__(loader)  # type: ignore[misc]
+        finally:
+            loader.device = device
+            loader._epochs_started = epochs
+            if loader.generator is not None:
+                loader.generator.set_state(rng)
+            else:
+                torch.set_rng_state(rng)
+        ctx = it._ctx
+        self._sampler_iter = it._sampler_iter
+        if pending is not None:
+            self._sampler_iter = itertools.chain([pending[1]], self._sampler_iter)
+        self._base_seed = it._base_seed
+        self._num_yielded = it._num_yielded
+        self._epoch_seed = ctx.seed
+        self._task = pending[0] if pending is not None else ctx.book.issued
+        self._state = ctx.state
+        self._state.workers = 0
+        loader._epoch_state = self._state
+        self._tally = it._tally
+        self._wait_s = ctx.wait_s
+        self._notes = [*loader._backend_notes, *it._notes]
+        return self
 
     def _begin_epoch(self, loader: Any, rng_at_start: torch.Tensor, first: bool) -> None:
         resume: EpochState | None = loader._resume_state

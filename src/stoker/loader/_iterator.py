@@ -24,12 +24,11 @@ import contextlib
 import multiprocessing as mp
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import dataloader as _torch_dl
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from stoker.autotune._scaling import AutoScaler
 from stoker.device import DeviceStage, make_stage
 from stoker.errors import WorkerError
 from stoker.faults import FailureTally
@@ -38,18 +37,9 @@ from stoker.loader._datapipes import next_epoch_seed, seeded_per_epoch, sharding
 from stoker.loader._dispatch import TaskBook, batch_task
 from stoker.loader._epoch import Arrived, DatasetChanges, EpochContext
 from stoker.loader._head import HeadStart
-from stoker.loader._openmp import spin_watch
+from stoker.loader._main_first import MainFirst
 from stoker.loader._recovery import Supervisor, head_timeout_error
-from stoker.loader._replies import ReplyHandler, worker_stats
-from stoker.loader._start import (
-    shared_memory_directory,
-    size_pool,
-    slot_map,
-    spec_fields,
-    start_pool,
-)
 from stoker.loader._stats import LoaderStats
-from stoker.loader._switch import Handover
 from stoker.sampling._resume import EpochState
 from stoker.sampling._seeding import epoch_seed
 from stoker.workers import WorkerPool
@@ -67,6 +57,14 @@ from stoker.workers._messages import (
 from stoker.workers._process import worker_pid
 from stoker.workers._spawn import check_main_guard, fallback_backend
 from stoker.workers._threads import ThreadPool
+
+if TYPE_CHECKING:
+    from stoker.autotune._scaling import AutoScaler
+    from stoker.loader._switch import Handover
+
+# The pool's parts (the controller, the handover, the reply handler, the OpenMP watch: with
+# statistics and psutil) are imported when workers start: a first batch the main process loads
+# (stoker.loader._main_first) came 22 ms later for importing them first (tiny, 2-core VM).
 
 __all__ = ["MultiWorkerIterator"]
 
@@ -130,8 +128,16 @@ class MultiWorkerIterator(StokerIterBase):
         self._deferred: Any = None
         self._epoch_request: int | None = None
         self._first_task: BatchTask | None = None
+        # num_workers="auto": the first batch loaded in the main process (stoker.loader.
+        # _main_first); where the loader then stays there, the epoch goes on inline.
+        self._main_first: MainFirst | None = None
+        self._inline: Any = None
         if loader._head is not None:
-            (self._head, self._probe), loader._head = loader._head, None
+            (head, self._probe), loader._head = loader._head, None
+            if isinstance(head, MainFirst):
+                self._main_first = head
+            else:
+                self._head = head
             self._deferred = loader
         _LIVE.add(self)
         if self._deferred is None:
@@ -140,6 +146,17 @@ class MultiWorkerIterator(StokerIterBase):
 
     def _start_workers(self, loader: Any) -> None:
         """Start the pool with the loader's settings (taken in ``__init__``)."""
+        from stoker.loader._openmp import spin_watch
+        from stoker.loader._replies import ReplyHandler
+        from stoker.loader._start import (
+            shared_memory_directory,
+            size_pool,
+            slot_map,
+            spec_fields,
+            start_pool,
+        )
+        from stoker.loader._switch import Handover
+
         settings = self._settings
         ctx = settings.mp_context or mp.get_context()
         directory = shared_memory_directory(spill=not settings.shm_require)
@@ -270,37 +287,62 @@ class MultiWorkerIterator(StokerIterBase):
     def _head_batch(self) -> tuple[int, Any] | None:
         """The first batch, if the child that loaded it beside the probe gives it (the
         workers start at the next call); else the workers start now and load it."""
+        if self._main_first is not None:
+            return self._main_first_batch(self._main_first)
         head, self._head = self._head, None
-        book, ctx = self._ctx.book, self._ctx
-        if head is not None and book.issued == 0 and not ctx.sampler_done:
+        if head is not None:
             t0 = time.perf_counter()
             try:
-                index = self._next_index()
-            except StopIteration:
-                ctx.sampler_done = True
-            else:
-                idx = book.issue(index)
-                task = batch_task(ctx.epoch, ctx.seed, idx, index)
-                if not head.claims(index, task.seed):
+                task = self._issue_first()
+                if task is not None and not head.claims(task.index, task.seed):
                     self._first_task = task  # (another first batch: the sampler's own entropy)
-                else:
+                elif task is not None:
                     timeout = self._timeout
                     left = max(1e-6, timeout - (time.perf_counter() - t0)) if timeout > 0 else 0
                     batch = head.take(left)
                     if batch is None:
                         self._first_task = task  # (a worker loads it, at a next() after too)
                         if timeout > 0 and time.perf_counter() - t0 >= timeout:
-                            raise head_timeout_error(index, timeout, head.pid)
+                            raise head_timeout_error(task.index, timeout, head.pid)
                         self._notes.append("the head start gave no first batch: a worker loads it")
                     else:
                         self._head_spent = head  # (closed at the next batch: see take)
                         waited = time.perf_counter() - t0
-                        return self._deliver_head(idx, index, batch, waited, head.parts)
+                        return self._deliver_head(task.idx, task.index, batch, waited, head.parts)
             finally:
                 if self._head_spent is not head:
                     head.close()
         self._finish_start()
         return None
+
+    def _main_first_batch(self, first: MainFirst) -> tuple[int, Any] | None:
+        """The first batch loaded here (stoker.loader._main_first); the workers, or the
+        main process, take over at the next call. None: a worker loads it, started now."""
+        t0 = time.perf_counter()
+        task = self._issue_first()
+        if task is not None:
+            batch = first.load(self._deferred, task.index, task.seed, self._auto_collation)
+            if batch is not None:
+                waited = time.perf_counter() - t0
+                return self._deliver_head(task.idx, task.index, batch, waited, 0)
+            self._first_task = task
+            self._notes.append("the main process gave no first batch: a worker loads it")
+        self._finish_start()
+        if self._inline is not None:
+            return self._inline._next_host()
+        return None
+
+    def _issue_first(self) -> BatchTask | None:
+        """The epoch's first task, issued; None once one was, or if the epoch is empty."""
+        book, ctx = self._ctx.book, self._ctx
+        if book.issued or ctx.sampler_done:
+            return None
+        try:
+            index = self._next_index()
+        except StopIteration:
+            ctx.sampler_done = True
+            return None
+        return batch_task(ctx.epoch, ctx.seed, book.issue(index), index)
 
     def _deliver_head(
         self, idx: int, index: Any, batch: Any, waited: float, parts: int
@@ -316,11 +358,14 @@ class MultiWorkerIterator(StokerIterBase):
             batch = _pin_memory(batch, self._pin_memory_device)
         ctx.wait_s += waited
         side_by_side = f" in {parts} parts side by side" if parts > 1 else ""
-        self._notes.append(
-            f"first batch loaded beside the backend probe{side_by_side}, "
-            f"{time.monotonic() - self._started:.2f}s after iter(); the workers start at the "
-            "next batch"
-        )
+        after = f"{time.monotonic() - self._started:.2f}s after iter()"
+        if parts == 0:
+            self._notes.append(f"first batch loaded in the main process, {after}")
+        else:
+            self._notes.append(
+                f"first batch loaded beside the backend probe{side_by_side}, {after}; the "
+                "workers start at the next batch"
+            )
         return idx, batch
 
     def _close_head_starts(self) -> None:
@@ -339,7 +384,11 @@ class MultiWorkerIterator(StokerIterBase):
         spent = self._head_spent
         self._slot_bytes = spent.slot_bytes if spent is not None else 0
         self._close_head_starts()
-        loader._finish_probe(probe)
+        first, self._main_first = self._main_first, None
+        if first is None:
+            loader._finish_probe(probe)
+        elif self._decide_after_main_first(loader, first):
+            return
         settings = self._settings = loader._worker_settings()
         self._num_workers = loader.num_workers
         self._ctx.workers = self._num_workers
@@ -350,6 +399,32 @@ class MultiWorkerIterator(StokerIterBase):
         assert self._pool is not None
         request, self._epoch_request = self._epoch_request, None
         self._start_epoch(self._pool, request)
+
+    def _decide_after_main_first(self, loader: Any, first: MainFirst) -> bool:
+        """Take the probe's answer after the main process loaded the first batch (or could
+        not): True where the epoch goes on in the main process (``self._inline``)."""
+        if first.left:
+            loader._keep_inline(first.left)
+        else:
+            try:
+                probe = loader._start_probe()
+            except OSError as exc:  # (no fork: the workers' start raises what it raises)
+                loader._resolved_backend = "auto"
+                loader._apply_probe("process", f"the backend probe could not start: {exc}", {})
+            else:
+                loader._finish_probe(probe, workers_started=False)
+        if loader._resolved_backend != "inline":
+            return False
+        from stoker.loader._inline import InlineIterator
+
+        pending = None
+        if self._first_task is not None:  # (the main process gave no first batch)
+            pending = (self._first_task.idx, self._first_task.index)
+            self._first_task = None
+        self._inline = InlineIterator.adopt(loader, self, pending)
+        if loader._iterator is self:  # (persistent: the next epochs get torch's num_workers=0
+            loader._iterator = None  # iterator; this one lives while its epoch is held)
+        return True
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -443,6 +518,8 @@ class MultiWorkerIterator(StokerIterBase):
         return self._next_host()[1]
 
     def _next_host(self) -> tuple[int, Any]:
+        if self._inline is not None:
+            return self._inline._next_host()
         if self._deferred is not None:
             first = self._head_batch()
             if first is not None:
@@ -635,6 +712,8 @@ class MultiWorkerIterator(StokerIterBase):
     # -- state, stats and shutdown -------------------------------------------------------
 
     def stats(self) -> LoaderStats:
+        if self._inline is not None:
+            return self._inline.stats()
         if self._deferred is not None:  # the head start's batch delivered, no worker yet
             return LoaderStats(
                 backend="process",
@@ -646,6 +725,8 @@ class MultiWorkerIterator(StokerIterBase):
                 failures=len(self._tally.log),
                 notes=tuple(self._notes[-20:]),
             )
+        from stoker.loader._replies import worker_stats
+
         pool = self._pool
         ids = pool.active if pool is not None else list(range(len(self._workers)))
         elapsed = max(1e-9, time.monotonic() - self._started)
@@ -675,6 +756,13 @@ class MultiWorkerIterator(StokerIterBase):
         probe = getattr(self, "_probe", None)
         self._close_head_starts()
         loader = getattr(self, "_deferred", None)
+        first = getattr(self, "_main_first", None)
+        if loader is not None and first is not None:  # left before the answer was taken
+            self._main_first = None
+            if first.left:
+                loader._keep_inline(first.left)
+            else:
+                loader._resolved_backend = "auto"  # (the next iter() starts afresh)
         if loader is not None and probe is not None:
             loader._pending_probe = probe  # its answer is the loader's (taken at the next iter)
         elif probe is not None:

@@ -6,8 +6,8 @@ attributes keep working. Keyword-only extras come on top. With ``num_workers=0``
 torch's own; with workers it runs on stoker's engine (see ``stoker.loader._iterator``).
 """
 
-# The parts only some loaders use (distributed, persistent workers, the engines, the backend
-# probe) are imported where first used, to keep `import stoker` light.
+# The parts only some loaders use (distributed, persistent workers, the backend probe) are
+# imported where first used, to keep `import stoker` light.
 
 # Over 400 lines: torch's whole constructor documented, with stoker's extras; logic is elsewhere.
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, cast
@@ -26,6 +27,13 @@ from stoker.device import resolve_device, warn_pin_without_accelerator
 from stoker.errors import ConfigError
 from stoker.faults import Failure, FailurePolicy, OnError
 from stoker.loader._arguments import check_arguments
+from stoker.loader._inline import InlineIterator
+
+# The engine is imported with stoker (5 ms of its 1.2 s), not at the first iter(): there the
+# import came before a first batch the main process loads (stoker.loader._main_first), which
+# torch's num_workers=0 has in 3-4 ms (tiny, 2-core VM: 8.6-9.0 ms against 2.9-3.8 with the
+# import done).
+from stoker.loader._iterator import MultiWorkerIterator
 from stoker.loader._settings import WORKER_NICE, WorkerSettings, resolve_workers
 from stoker.loader._stats import LoaderStats
 from stoker.sampling._resume import EpochState, ResumeTarget, map_length
@@ -332,6 +340,12 @@ class DataLoader(tud.DataLoader[_T_co]):
     def __iter__(self) -> Any:
         if self._coordinator is not None:  # every epoch starts here, persistent or not
             self._coordinator.begin_epoch(self)
+        kept: Any = self._iterator
+        if kept is not None and getattr(kept, "_main_first", None) is not None:
+            # The persistent iterator whose first batch the main process loaded, left before
+            # it chose between workers and the main process: it chooses now (workers go on
+            # with the next epoch as they would have; the main process drops it).
+            kept._finish_start()
         if self.num_workers > 0 and self._resolved_backend == "auto":
             # Before torch's __iter__: when num_workers="auto" chooses the main process, torch
             # must see num_workers=0, or it keeps the first iterator (its batches loaded ahead
@@ -364,12 +378,8 @@ class DataLoader(tud.DataLoader[_T_co]):
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
-            from stoker.loader._inline import InlineIterator
-
             iterator: Any = InlineIterator(self)
         else:
-            from stoker.loader._iterator import MultiWorkerIterator
-
             self.check_worker_number_rationality()
             iterator = MultiWorkerIterator(self)
         self._live = weakref.ref(iterator)
@@ -423,12 +433,19 @@ class DataLoader(tud.DataLoader[_T_co]):
         batches slow, the answer is taken later, by the iterator, once that batch is delivered
         (see :mod:`stoker.loader._head`), else that child is stopped.
         """
+        from stoker.loader._main_first import MainFirst
+
+        if MainFirst.eligible(self):
+            # The iterator loads its first batch here, and forks the probe at its second
+            # next(): workers or the main process from then on.
+            self._resolved_backend = "process"
+            self._head = (MainFirst(), None)
+            return
         from stoker.autotune._probe import ProbeChild, choose_backend_isolated
         from stoker.loader._head import HEAD_MIN_BATCH_S, HeadStart, wait_for_slow
 
         iterable = isinstance(self.dataset, tud.IterableDataset)
-        collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
-        size = self.batch_size or 1
+        collate, size = self._probe_batches()
         if iterable or not hasattr(os, "fork") or not HeadStart.eligible(self):
             detail: dict[str, Any] = {}
             backend, why = choose_backend_isolated(
@@ -458,6 +475,38 @@ class DataLoader(tud.DataLoader[_T_co]):
         detail = {}
         backend, why = probe.answer(detail)
         self._apply_probe(backend, why, detail)
+
+    def _probe_batches(self) -> tuple[Any, int]:
+        """The collate function and batch size the backend probe loads batches with."""
+        collate = self.collate_fn if self.batch_size is not None else (lambda batch: batch)
+        return collate, self.batch_size or 1
+
+    def _start_probe(self) -> Any:
+        """Fork the backend probe (:class:`~stoker.autotune._probe.ProbeChild`) for the
+        iterator whose first batch the main process loaded (:mod:`stoker.loader._main_first`)."""
+        from stoker.autotune._probe import ProbeChild
+
+        collate, size = self._probe_batches()
+        return ProbeChild.start(self.dataset, collate, size, self._auto_workers)
+
+    def _keep_inline(self, left: str) -> None:
+        """Load in the main process for good: the first batch, loaded there, left ``left``
+        open (see :mod:`stoker.loader._main_first`), which forked workers would share."""
+        why = (
+            f"the first batch, loaded in the main process, left {left} open there, which "
+            "forked workers would share"
+        )
+        self._resolved_backend = "auto"
+        self._apply_probe("inline", why, {})
+        warnings.warn(
+            f'stoker: num_workers="auto" loads in the main process: {why} (an h5py file or '
+            "an LMDB environment must be opened in each worker). Open such handles on the "
+            "dataset itself, on first use (`if self.db is None: self.db = open(...)`), or "
+            "in a `worker_init_fn`, or pass `num_workers=N` to load in workers from the "
+            "start. (A file or thread another thread opened meanwhile is counted too.)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _finish_probe(self, probe: Any, workers_started: bool = True) -> None:
         """Take the answer of a probe :meth:`_resolve_backend` left running (the iterator
