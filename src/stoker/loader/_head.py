@@ -50,7 +50,7 @@ from typing import Any
 import torch.utils.data as tud
 
 from stoker.loader._head_parts import Helpers, die_with_parent, load_in_parts, part_count
-from stoker.sampling._seeding import batch_seed, load_generators, seed_all
+from stoker.sampling._seeding import batch_seed, seed_all
 from stoker.transport._handoff import open_arena, pack, unpack
 
 __all__ = ["HEAD_DEADLINE_S", "HEAD_MIN_BATCH_S", "HeadStart", "wait_for_slow"]
@@ -110,7 +110,6 @@ class HeadStart:
             parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except OSError:
             return None
-        load_generators()  # imported once here, not in the child (see load_generators)
         main_thread = threading.current_thread() is threading.main_thread()
         try:
             pid = os.fork()

@@ -14,6 +14,12 @@ import random
 from typing import Any
 
 import numpy as np
+
+# numpy loads its random module on first use (6 ms): imported with stoker, as the engine is
+# (stoker.loader._loader), not in the first batch the main process loads for
+# num_workers="auto" (large's came 4-6 ms later than torch's num_workers=0 for it), nor in
+# each forked worker at its first seeding (26-28 ms of its start, and private pages).
+import numpy.random
 import torch
 
 __all__ = [
@@ -22,7 +28,6 @@ __all__ = [
     "batch_seed",
     "draw_base_seed",
     "epoch_seed",
-    "load_generators",
     "seed_all",
 ]
 
@@ -62,13 +67,6 @@ def epoch_seed(base_seed: int, epoch: int) -> int:
 def draw_base_seed(generator: torch.Generator | None) -> int:
     """An iterator's base seed, drawn as torch's iterators draw theirs."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-def load_generators() -> None:
-    """Import numpy's random module here and now: numpy loads it on first use, which in a
-    worker is its first seeding, 26-28 ms of its start (and private pages) each; imported
-    before a fork, the workers share it (see ``stoker.workers._process``)."""
-    import numpy.random  # noqa: F401
 
 
 def seed_all(seed: int) -> None:

@@ -28,7 +28,6 @@ import threading
 import time
 from typing import Any, Final
 
-from stoker.sampling._seeding import load_generators
 from stoker.transport import (
     PoolNamespace,
     create_private_file,
@@ -164,7 +163,6 @@ class WorkerPool:
         self.retired: set[int] = set()
         if self.start_method == "fork":  # done once here, not in every forked worker
             inspect_pools()  # (see workers._thread_caps)
-            load_generators()
         # Workers started from the main thread may die with the process (PR_SET_PDEATHSIG);
         # from another thread they must not, since that fires when the *thread* exits.
         self._pdeathsig = threading.current_thread() is threading.main_thread()
