@@ -1,4 +1,6 @@
-"""The epoch's first batch, loaded while the backend probe runs (``backend="auto"``).
+"""The epoch's first batch, loaded while the backend probe runs (``backend="auto"`` with
+``num_workers=N``; under ``num_workers="auto"`` the main process loads it where it can,
+:mod:`stoker.loader._main_first`).
 
 With ``backend="auto"`` the first ``iter()`` probes the dataset in a forked child before a
 worker starts (:mod:`stoker.autotune._probe`), and the workers started once it answered: the
