@@ -196,6 +196,43 @@ def test_a_file_the_dataset_opens_on_itself_lands_on_a_copy(data_file: Path) -> 
         dataset.fh.close()
 
 
+def test_a_file_opened_by_a_dataset_inside_a_subset_lands_on_a_copy_too(data_file: Path) -> None:
+    """random_split's Subset, and a ConcatDataset, around a dataset that opens on first use:
+    the datasets they hold are copied as well."""
+    inner = [OpensOnSelf(data_file), OpensOnSelf(data_file)]
+    dataset = torch.utils.data.Subset(torch.utils.data.ConcatDataset(inner), list(range(96)))
+    loader = _auto(dataset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        it = iter(loader)
+        first = next(it)
+        assert [d.fh for d in inner] == [None, None]
+        rest = list(it)
+    assert set(first[1].tolist()) == {os.getpid()}
+    assert [i for b in [first, *rest] for i in b[0].tolist()] == [*range(64), *range(32)]
+    for d in inner:  # (the probe may keep the main process: they opened them then)
+        if d.fh is not None:
+            d.fh.close()
+
+
+def test_a_copy_shares_what_is_not_a_dataset_and_stops_at_its_depth() -> None:
+    from stoker.loader._main_first import DATASET_DEPTH, copy_datasets
+
+    data = [1, 2, 3]
+    base = torch.utils.data.TensorDataset(torch.arange(3))
+    nested: Any = base
+    for _ in range(DATASET_DEPTH + 1):
+        nested = torch.utils.data.Subset(nested, [0, 1, 2])
+    nested.data = data
+    dup = copy_datasets(nested)
+    assert dup is not nested and dup.data is data and dup.indices is nested.indices
+    chain = [nested, dup]
+    for _ in range(DATASET_DEPTH):
+        chain = [chain[0].dataset, chain[1].dataset]
+        assert chain[0] is not chain[1]
+    assert chain[0].dataset is chain[1].dataset  # (below the depth: shared)
+
+
 def test_a_file_left_open_in_a_module_cache_keeps_the_loading_in_the_main_process(
     data_file: Path,
 ) -> None:

@@ -13,8 +13,9 @@ right there, before anything is forked.
 
 What made loading in the main process unsafe before workers is what the loading leaves open
 there: an h5py file or an LMDB environment opened on first use would be inherited by every
-forked worker, which neither allows. So the batch is loaded on a shallow copy of the dataset
-(what ``__getitem__`` opens onto ``self`` lands on the copy and closes with it), and the
+forked worker, which neither allows. So the batch is loaded on a shallow copy of the dataset,
+and of the datasets it holds (a ``Subset`` from ``random_split`` around yours): what
+``__getitem__`` opens onto ``self`` lands on a copy and closes with it. Then the
 descriptors and Python threads of this process are compared before and after: where the
 loading left none behind, forking is what it was before the batch; where it left some (a
 handle kept in an object the copy shares with the dataset, or in a module's cache), the
@@ -51,9 +52,12 @@ import torch.utils.data as tud
 from stoker.sampling._seeding import CallerRandomState, seed_all
 from stoker.workers._fetch import BatchFetcher
 
-__all__ = ["MainFirst", "open_files"]
+__all__ = ["DATASET_DEPTH", "MainFirst", "copy_datasets", "open_files"]
 
 _FD_DIR = "/proc/self/fd"
+# Levels of datasets held by datasets (a Subset of a ConcatDataset of yours: 2) copied for the
+# first batch; deeper ones are shared with the original.
+DATASET_DEPTH = 4
 
 
 def open_files() -> dict[int, tuple[int, int]] | None:
@@ -72,6 +76,26 @@ def open_files() -> dict[int, tuple[int, int]] | None:
             continue
         found[fd] = (st.st_dev, st.st_ino)
     return found
+
+
+def copy_datasets(dataset: Any, depth: int = DATASET_DEPTH) -> Any:
+    """A shallow copy of ``dataset``, with the datasets it holds (an attribute, or a list or
+    tuple of them: ``Subset.dataset``, ``ConcatDataset.datasets``) copied in turn, ``depth``
+    levels down: what the innermost opens on itself lands on its copy."""
+    dup = copy.copy(dataset)
+    state = getattr(dup, "__dict__", None)
+    if depth <= 0 or not isinstance(state, dict):
+        return dup
+    for name, value in list(state.items()):
+        if isinstance(value, tud.Dataset):
+            state[name] = copy_datasets(value, depth - 1)
+        elif (
+            isinstance(value, (list, tuple))
+            and value
+            and all(isinstance(v, tud.Dataset) for v in value)
+        ):
+            state[name] = type(value)(copy_datasets(v, depth - 1) for v in value)
+    return dup
 
 
 def _python_threads() -> frozenset[int]:
@@ -137,7 +161,7 @@ class MainFirst:
         started = time.perf_counter()
         batch = None
         try:
-            dataset = copy.copy(loader.dataset)
+            dataset = copy_datasets(loader.dataset)
         except Exception:  # (a dataset whose __getattr__ recurses in copy, say)
             dataset = None
         if dataset is not None:
