@@ -71,10 +71,9 @@ class InlineIterator(StokerIterBase):
         count are left as ``it`` left them."""
         rng = EpochState.capture_rng(loader.generator)
         epochs, device = loader._epochs_started, loader.device
-        self = cls.__new__(cls)
         loader.device = None  # (it has its own device stage, which pulls from this one)
         try:
-            self.__init__(loader)  # type: ignore[misc]
+            self = cls(loader)  # (draws a base seed and begins an epoch: both replaced below)
         finally:
             loader.device = device
             loader._epochs_started = epochs

@@ -60,6 +60,7 @@ from stoker.workers._threads import ThreadPool
 
 if TYPE_CHECKING:
     from stoker.autotune._scaling import AutoScaler
+    from stoker.loader._inline import InlineIterator
     from stoker.loader._switch import Handover
 
 # The pool's parts (the controller, the handover, the reply handler, the OpenMP watch: with
@@ -131,7 +132,7 @@ class MultiWorkerIterator(StokerIterBase):
         # num_workers="auto": the first batch loaded in the main process (stoker.loader.
         # _main_first); where the loader then stays there, the epoch goes on inline.
         self._main_first: MainFirst | None = None
-        self._inline: Any = None
+        self._inline: InlineIterator | None = None
         if loader._head is not None:
             (head, self._probe), loader._head = loader._head, None
             if isinstance(head, MainFirst):

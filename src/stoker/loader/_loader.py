@@ -431,7 +431,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         then runs with ``num_workers=0`` (and says why in :meth:`stats`). A second child starts
         loading the epoch's first batch beside the probe; where the probe's warm-up finds
         batches slow, the answer is taken later, by the iterator, once that batch is delivered
-        (see :mod:`stoker.loader._head`), else that child is stopped.
+        (see :mod:`stoker.loader._head`), else that child is stopped. With
+        ``num_workers="auto"`` the iterator's first ``next()`` loads that batch in the main
+        process instead, and the probe forks at its second (:mod:`stoker.loader._main_first`).
         """
         from stoker.loader._main_first import MainFirst
 
