@@ -21,6 +21,7 @@ from _datasets import SampleError
 from torch.utils.data import Dataset
 
 import stoker
+from stoker._introspect.platform import usable_cores
 from stoker.loader._main_first import MainFirst, _Snapshot
 
 pytestmark = pytest.mark.timeout(120)
@@ -333,3 +334,42 @@ def test_a_main_process_answer_goes_on_in_the_same_epoch_and_the_next() -> None:
     stats = loader.stats()
     assert stats.backend == "inline" and stats.notes[0].startswith("backend=inline")
     assert loader._iterator is None
+
+
+class Waits(Dataset[tuple[int, int, float]]):
+    """Each sample waits ``wait_s`` (storage latency); ``draws``: and draws from torch's
+    global generator."""
+
+    def __init__(self, wait_s: float = 0.01, draws: bool = False) -> None:
+        self.wait_s = wait_s
+        self.draws = draws
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[int, int, float]:
+        time.sleep(self.wait_s)
+        return index, os.getpid(), float(torch.rand(1)) if self.draws else 0.0
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one usable core: the batch loads in one part")
+def test_a_slow_first_batch_loads_in_parts_side_by_side_from_the_main_process() -> None:
+    loader = _auto(Waits(), batch_size=16)
+    it = iter(loader)
+    first = next(it)
+    assert os.getpid() in first[1].tolist()  # (the other part came from a helper it forked)
+    assert "first batch loaded in the main process in 2 parts side by side" in _notes(loader)
+    got = [first[0].tolist(), *(b[0].tolist() for b in it)]
+    assert got == [list(range(k, k + 16)) for k in range(0, 64, 16)]
+
+
+def test_samples_that_draw_from_the_global_generators_load_in_one_part() -> None:
+    """The parts would not see the state the samples before them left: one after another,
+    as a worker loads them, and the batch is the worker's."""
+    got = []
+    for make in (_auto, _workers):
+        loader = make(Waits(draws=True), batch_size=8, generator=torch.Generator().manual_seed(2))
+        got.append([_content(b) for b in loader])
+        if make is _auto:
+            assert "side by side" not in _notes(loader)
+    assert got[0] == got[1]

@@ -325,7 +325,7 @@ class MultiWorkerIterator(StokerIterBase):
             batch = first.load(self._deferred, task.index, task.seed, self._auto_collation)
             if batch is not None:
                 waited = time.perf_counter() - t0
-                return self._deliver_head(task.idx, task.index, batch, waited, 0)
+                return self._deliver_head(task.idx, task.index, batch, waited, first.parts, True)
             self._first_task = task
             self._notes.append("the main process gave no first batch: a worker loads it")
         self._finish_start()
@@ -346,7 +346,7 @@ class MultiWorkerIterator(StokerIterBase):
         return batch_task(ctx.epoch, ctx.seed, book.issue(index), index)
 
     def _deliver_head(
-        self, idx: int, index: Any, batch: Any, waited: float, parts: int
+        self, idx: int, index: Any, batch: Any, waited: float, parts: int, main: bool = False
     ) -> tuple[int, Any]:
         """Deliver the head start's batch as task ``idx`` (what ReplyHandler.deliver does)."""
         book, ctx = self._ctx.book, self._ctx
@@ -360,8 +360,8 @@ class MultiWorkerIterator(StokerIterBase):
         ctx.wait_s += waited
         side_by_side = f" in {parts} parts side by side" if parts > 1 else ""
         after = f"{time.monotonic() - self._started:.2f}s after iter()"
-        if parts == 0:
-            self._notes.append(f"first batch loaded in the main process, {after}")
+        if main:
+            self._notes.append(f"first batch loaded in the main process{side_by_side}, {after}")
         else:
             self._notes.append(
                 f"first batch loaded beside the backend probe{side_by_side}, {after}; the "
@@ -404,6 +404,7 @@ class MultiWorkerIterator(StokerIterBase):
     def _decide_after_main_first(self, loader: Any, first: MainFirst) -> bool:
         """Take the probe's answer after the main process loaded the first batch (or could
         not): True where the epoch goes on in the main process (``self._inline``)."""
+        first.close()
         if first.left:
             loader._keep_inline(first.left)
         else:
@@ -758,6 +759,8 @@ class MultiWorkerIterator(StokerIterBase):
         self._close_head_starts()
         loader = getattr(self, "_deferred", None)
         first = getattr(self, "_main_first", None)
+        if first is not None:
+            first.close()
         if loader is not None and first is not None:  # left before the answer was taken
             self._main_first = None
             if first.left:
