@@ -249,7 +249,10 @@ def _helper(
     """Load ``part``, hand the samples over if the generators stand as at ``start``, exit."""
     code = 0
     try:
-        die_with_parent()  # (with the child that forked it)
+        die_with_parent()  # (with the process that forked it)
+        # Forked from a process that may have used its OpenMP pool (the main process, for
+        # num_workers="auto"'s first batch): libgomp is not fork-safe beyond one thread.
+        torch.set_num_threads(1)
         if os.getppid() != parent or sock.recv(1) != _GO:  # (stopped unused: EOF)
             return
         from stoker.workers import _collate

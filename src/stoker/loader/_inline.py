@@ -71,11 +71,14 @@ class InlineIterator(StokerIterBase):
         count are left as ``it`` left them."""
         rng = EpochState.capture_rng(loader.generator)
         epochs, device = loader._epochs_started, loader.device
-        loader.device = None  # (it has its own device stage, which pulls from this one)
+        # (a resume or set_epoch given since is the next epoch's, not this one's)
+        resume, request = loader._resume_state, loader._epoch_request
+        loader.device = loader._resume_state = None  # (it has its own device stage)
         try:
             self = cls(loader)  # (draws a base seed and begins an epoch: both replaced below)
         finally:
             loader.device = device
+            loader._resume_state, loader._epoch_request = resume, request
             loader._epochs_started = epochs
             if loader.generator is not None:
                 loader.generator.set_state(rng)

@@ -322,11 +322,12 @@ class MultiWorkerIterator(StokerIterBase):
         t0 = time.perf_counter()
         task = self._issue_first()
         if task is not None:
+            self._first_task = task  # (until delivered: an interrupted load leaves it to them)
             batch = first.load(self._deferred, task.index, task.seed, self._auto_collation)
             if batch is not None:
+                self._first_task = None
                 waited = time.perf_counter() - t0
                 return self._deliver_head(task.idx, task.index, batch, waited, first.parts, True)
-            self._first_task = task
             self._notes.append("the main process gave no first batch: a worker loads it")
         self._finish_start()
         if self._inline is not None:
@@ -405,8 +406,14 @@ class MultiWorkerIterator(StokerIterBase):
         """Take the probe's answer after the main process loaded the first batch (or could
         not): True where the epoch goes on in the main process (``self._inline``)."""
         first.close()
-        if first.left:
-            loader._keep_inline(first.left)
+        left = first.still_left()
+        ctx = self._settings.mp_context or mp.get_context()
+        if left and ctx.get_start_method() == "fork":
+            loader._keep_inline(left)
+        elif left:  # (workers that do not fork inherit nothing; the probe would: none)
+            loader._resolved_backend = "auto"
+            why = f"the first batch left {left} open: no probe was forked beside it"
+            loader._apply_probe("process", why, {})
         else:
             try:
                 probe = loader._start_probe()
@@ -763,8 +770,10 @@ class MultiWorkerIterator(StokerIterBase):
             first.close()
         if loader is not None and first is not None:  # left before the answer was taken
             self._main_first = None
-            if first.left:
-                loader._keep_inline(first.left)
+            left = first.still_left()
+            ctx = self._settings.mp_context or mp.get_context()
+            if left and ctx.get_start_method() == "fork":
+                loader._keep_inline(left)
             else:
                 loader._resolved_backend = "auto"  # (the next iter() starts afresh)
         if loader is not None and probe is not None:

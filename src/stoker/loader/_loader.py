@@ -569,7 +569,10 @@ class DataLoader(tud.DataLoader[_T_co]):
             state = EpochState(self._epochs_started, EpochState.capture_rng(self.generator))
         elif state.finished:
             rng = EpochState.capture_rng(self.generator)
-            state = state.after(rng, persistent=bool(self.persistent_workers))
+            # (a loader that num_workers="auto" keeps in the main process gets a fresh
+            # iterator each epoch, persistent_workers or not)
+            persistent = bool(self.persistent_workers) and self.num_workers > 0
+            state = state.after(rng, persistent=persistent)
         return state.to_dict(length=map_length(self.dataset))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

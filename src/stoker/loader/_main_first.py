@@ -109,20 +109,19 @@ def copy_datasets(dataset: Any, depth: int = DATASET_DEPTH) -> Any:
     return dup
 
 
-def _python_threads() -> frozenset[int]:
-    return frozenset(t.ident for t in threading.enumerate() if t.ident is not None)
-
-
 class _Snapshot:
-    """What this process holds open at one moment: descriptors and Python threads."""
+    """What this process holds open at one moment: descriptors and Python threads (the
+    thread objects themselves: an exited thread's ident may be reused)."""
 
     def __init__(self) -> None:
         self.files = open_files() or {}
-        self.threads = _python_threads()
+        self.threads = set(threading.enumerate())
 
     def left_open(self) -> str:
         """What is open now that was not then, described ("" for nothing)."""
-        now = open_files() or {}
+        now = open_files()
+        if now is None:  # (no descriptor left to list them with, say)
+            return f"descriptors that {_FD_DIR} could not list"
         found = []
         for fd, ident in sorted(now.items()):
             if self.files.get(fd) != ident:
@@ -131,11 +130,7 @@ class _Snapshot:
                 except OSError:
                     target = "?"
                 found.append(f"descriptor {fd} ({target})")
-        found.extend(
-            f"thread {t.name!r}"
-            for t in threading.enumerate()
-            if t.ident is not None and t.ident not in self.threads
-        )
+        found.extend(f"thread {t.name!r}" for t in threading.enumerate() if t not in self.threads)
         return ", ".join(found)
 
 
@@ -148,6 +143,7 @@ class MainFirst:
     """
 
     def __init__(self) -> None:
+        self._before: _Snapshot | None = None
         self.left = ""  # what loading the batch left open here ("" for nothing)
         self.seconds = 0.0  # how long the batch took
         self.parts = 1  # parts the batch was loaded in side by side
@@ -170,7 +166,7 @@ class MainFirst:
         """The batch at ``index``, seeded with ``seed``, loaded here; None where a worker must
         load it (a sample failed or raised, or the dataset cannot be copied). Sets
         :attr:`left` whatever the outcome."""
-        before = _Snapshot()
+        before = self._before = _Snapshot()
         started = time.perf_counter()
         batch = None
         try:
@@ -186,6 +182,16 @@ class MainFirst:
             gc.collect()
             self.left = before.left_open()
         return batch
+
+    def still_left(self) -> str:
+        """What the loading left open that is open still (a second look, at the next
+        ``next()``: a file another thread of the program had open a moment is gone by then);
+        "" for nothing."""
+        if not self.left or self._before is None:
+            return self.left
+        gc.collect()
+        now = self._before.left_open()
+        return now and ", ".join(part for part in now.split(", ") if part in self.left)
 
     def close(self) -> None:
         """Reap the helpers that loaded parts of the batch (their exit waited for their
