@@ -22,11 +22,12 @@ and of the datasets it holds (a ``Subset`` from ``random_split`` around yours): 
 ``__getitem__`` opens onto ``self`` lands on a copy and closes with it. Then the
 descriptors and Python threads of this process are compared before and after: where the
 loading left none behind, forking is what it was before the batch; where it left some (a
-handle kept in an object the copy shares with the dataset, or in a module's cache), the
-loader keeps loading in the main process for good, with a warning that names them and the
-fix. A descriptor or thread that another thread of the program opens while the batch loads is
-counted too (the warning says so): the cost of a false alarm is loading in the main process,
-never a shared handle.
+handle kept in an object the copy shares with the dataset, or in a module's cache) that are
+still open at the second ``next()``, and workers fork, the loader keeps loading in the main
+process for good, with a warning that names them and the fix. A descriptor or thread that
+another thread of the program opens while the batch loads, and keeps past that second look,
+is counted too (the warning says so): the cost of a false alarm is loading in the main
+process, never a shared handle.
 
 The backend probe (:mod:`stoker.autotune._probe`) forks at the second ``next()``, once the
 loading was found to leave nothing open, and its answer decides there: workers from the second
