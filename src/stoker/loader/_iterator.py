@@ -407,18 +407,15 @@ class MultiWorkerIterator(StokerIterBase):
         not): True where the epoch goes on in the main process (``self._inline``)."""
         first.close()
         left = first.still_left()
-        ctx = self._settings.mp_context or mp.get_context()
-        if left and ctx.get_start_method() == "fork":
+        if left and self._workers_fork():
             loader._keep_inline(left)
         elif left:  # (workers that do not fork inherit nothing; the probe would: none)
-            loader._resolved_backend = "auto"
             why = f"the first batch left {left} open: no probe was forked beside it"
             loader._apply_probe("process", why, {})
         else:
             try:
                 probe = loader._start_probe()
             except OSError as exc:  # (no fork: the workers' start raises what it raises)
-                loader._resolved_backend = "auto"
                 loader._apply_probe("process", f"the backend probe could not start: {exc}", {})
             else:
                 loader._finish_probe(probe, workers_started=False)
@@ -434,6 +431,10 @@ class MultiWorkerIterator(StokerIterBase):
         if loader._iterator is self:  # (persistent: the next epochs get torch's num_workers=0
             loader._iterator = None  # iterator; this one lives while its epoch is held)
         return True
+
+    def _workers_fork(self) -> bool:
+        """Whether the workers start by ``fork`` (and so inherit what this process holds)."""
+        return (self._settings.mp_context or mp.get_context()).get_start_method() == "fork"
 
     def _fill(self) -> None:
         """Dispatch tasks until ``prefetch_factor x num_workers`` are in flight."""
@@ -771,8 +772,7 @@ class MultiWorkerIterator(StokerIterBase):
         if loader is not None and first is not None:  # left before the answer was taken
             self._main_first = None
             left = first.still_left()
-            ctx = self._settings.mp_context or mp.get_context()
-            if left and ctx.get_start_method() == "fork":
+            if left and self._workers_fork():
                 loader._keep_inline(left)
             else:
                 loader._resolved_backend = "auto"  # (the next iter() starts afresh)

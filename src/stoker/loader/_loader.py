@@ -498,7 +498,6 @@ class DataLoader(tud.DataLoader[_T_co]):
             f"the first batch, loaded in the main process, left {left} open there, which "
             "forked workers would share"
         )
-        self._resolved_backend = "auto"
         self._apply_probe("inline", why, {})
         warnings.warn(
             f'stoker: num_workers="auto" loads in the main process: {why} (an h5py file or '

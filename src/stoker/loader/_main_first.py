@@ -13,7 +13,8 @@ right there, before anything is forked. Where its first sample shows the batch t
 :data:`~stoker.loader._head_parts.HEAD_SPLIT_MIN_S` or more, left the global random generators
 as seeded and left nothing open, the rest loads in parts side by side, one per usable core, in
 helpers forked then (:func:`~stoker.loader._head_parts.load_in_parts`, as the head start's
-child does): io's first batch came 0.64x as late as torch ``num_workers=0``'s.
+child does): io's first batch came 0.65x as late as torch ``num_workers=0``'s (114.6 against
+177.6 ms, benchmarks/first_batch.py, medians of 7).
 
 What made loading in the main process unsafe before workers is what the loading leaves open
 there: an h5py file or an LMDB environment opened on first use would be inherited by every
@@ -146,7 +147,6 @@ class MainFirst:
     def __init__(self) -> None:
         self._before: _Snapshot | None = None
         self.left = ""  # what loading the batch left open here ("" for nothing)
-        self.seconds = 0.0  # how long the batch took
         self.parts = 1  # parts the batch was loaded in side by side
         self._helpers: Helpers | None = None
 
@@ -168,7 +168,6 @@ class MainFirst:
         load it (a sample failed or raised, or the dataset cannot be copied). Sets
         :attr:`left` whatever the outcome."""
         before = self._before = _Snapshot()
-        started = time.perf_counter()
         batch = None
         try:
             dataset = copy_datasets(loader.dataset)
@@ -177,7 +176,6 @@ class MainFirst:
         if dataset is not None:
             batch = self._fetch(loader, dataset, index, seed, auto_collation, before)
             del dataset
-        self.seconds = time.perf_counter() - started
         self.left = before.left_open()
         if self.left:  # (a handle on the copy that a reference cycle keeps)
             gc.collect()
@@ -244,9 +242,8 @@ class MainFirst:
         rest = index[1:]
         # (a cheap batch pays for nothing more: tiny's first batch read 4.0-4.8 ms, against
         # 3.2-3.5, with the generators' digest taken before its first sample)
-        if (time.perf_counter() - t0) * len(index) < HEAD_SPLIT_MIN_S:
-            return [first, *(dataset[i] for i in rest)]
-        count = part_count(len(index))
+        slow = (time.perf_counter() - t0) * len(index) >= HEAD_SPLIT_MIN_S
+        count = part_count(len(index)) if slow else 1
         if count > 1 and not before.left_open() and _as_seeded(seed):
             samples, self.parts, self._helpers = load_in_parts(dataset, rest, count)
             return [first, *samples]
