@@ -7,9 +7,11 @@ are marked `gpu` and skip here (tests/test_device_gpu.py).
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -245,3 +247,113 @@ def test_a_forked_child_never_collects_garbage_it_inherited_once_stages_were_mad
     _Event.freed = 0
     gc.collect()
     assert _Event.freed >= 1  # the parent collects it as usual
+
+
+class _Loading(_Source):
+    """Host batches that finish loading only when the test says so: ``loaded`` of them."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.loaded = 0
+
+    def pull(self) -> tuple[int, int]:
+        assert self.i < self.loaded or self.i >= self.n, f"batch {self.i} pulled before it loaded"
+        return super().pull()
+
+    def ready(self) -> bool:
+        return self.i < self.loaded or self.i >= self.n
+
+
+def test_stage_copies_ahead_only_the_batches_that_have_loaded():
+    src = _Loading(5)
+    stage, log = _stage(src, depth=2)
+    stage._ready = src.ready
+    src.loaded = 1
+    assert stage.next() == 0  # batch 1 is still loading: not waited for
+    assert src.pulled == [0] and stage.in_flight == []
+    src.loaded = 3
+    assert stage.next() == 10
+    assert stage.in_flight == [2]  # copied ahead as soon as it had loaded
+    src.loaded = 5
+    assert [stage.next(), stage.next(), stage.next()] == [20, 30, 40]
+    assert log.index("issue 4") < log.index("hand 3")
+    with pytest.raises(StopIteration):
+        stage.next()
+
+
+def test_stage_raises_an_error_of_ready_in_its_turn():
+    src = _Source(4)
+    stage, _ = _stage(src, depth=2)
+
+    def ready() -> bool:
+        raise OSError("the workers' pipe broke")
+
+    stage._ready = ready
+    assert stage.next() == 0
+    with pytest.raises(OSError, match="pipe broke"):
+        stage.next()
+
+
+class _HeldBack(torch.utils.data.Dataset):
+    """Samples from ``free`` on wait for ``release`` (a process-shared event), and raise if it
+    never comes."""
+
+    def __init__(self, n: int, free: int, release: Any) -> None:
+        self.n, self.free, self.release = n, free, release
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i >= self.free and not self.release.wait(10):
+            raise RuntimeError(f"sample {i} was loaded before the test released it")
+        return i
+
+
+def _copy_stage(it: Any) -> DeviceStage:
+    """A stage over a real iterator's host batches, copying nothing (no GPU here)."""
+    return DeviceStage(
+        it._next_host,
+        lambda host: host,
+        lambda handle: handle,
+        lambda handle: True,
+        lambda handle: None,
+        ready=it._host_ready,
+    )
+
+
+def test_the_first_batch_on_the_device_does_not_wait_for_the_workers_next_ones():
+    release = multiprocessing.get_context("fork").Event()
+    ds = _HeldBack(16, free=2, release=release)
+    loader = stoker.DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    it = iter(loader)
+    stage = _copy_stage(it)
+    try:
+        assert stage.next().tolist() == [0, 1]  # batches 1 and 2 are held back meanwhile
+        assert stage.in_flight == []
+        release.set()
+        rest = [stage.next().tolist() for _ in range(7)]
+        assert rest == [[i, i + 1] for i in range(2, 16, 2)]
+        with pytest.raises(StopIteration):
+            stage.next()
+    finally:
+        release.set()
+        it._shutdown()
+
+
+def test_auto_workers_first_batch_on_the_device_starts_no_worker():
+    ds = torch.utils.data.TensorDataset(torch.arange(40.0))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers="auto")
+    it = iter(loader)
+    stage = _copy_stage(it)
+    try:
+        (first,) = stage.next()
+        assert first.tolist() == [0.0, 1.0, 2.0, 3.0]
+        # Loaded in the main process; the probe and the workers wait for the next call.
+        assert stage.in_flight == [] and it._pool is None and it._deferred is not None
+        rest = [stage.next()[0].tolist() for _ in range(9)]
+        assert rest == [[float(i) for i in range(j, j + 4)] for j in range(4, 40, 4)]
+        with pytest.raises(StopIteration):
+            stage.next()
+    finally:
+        it._shutdown()

@@ -1,7 +1,8 @@
 """Batches delivered on the accelerator: ``DataLoader(..., device="cuda")``.
 
 Host batches are copied to the device on a dedicated CUDA stream, one or two batches ahead of
-the consumer. When a batch is handed over, the consumer's current stream waits on the copy's
+the consumer, as they finish loading (a batch is handed over without waiting for later ones to
+load). When a batch is handed over, the consumer's current stream waits on the copy's
 event, and every device tensor is marked with ``record_stream`` so the caching allocator never
 reuses its memory while the consumer's stream may still use it. The host batch (its slot) is
 kept until the copy's event has completed, so a slot is never reused under an in-flight copy.
@@ -142,6 +143,10 @@ class DeviceStage:
         depth: batches in flight ahead of the consumer.
         pending: handles of an earlier stage whose copies may still be reading their host
             batches (:meth:`pending`): kept until they complete, as this stage's own are.
+        ready: whether ``pull`` would return without waiting for a batch to load (None:
+            always). Copies ahead are issued only for batches that are ready: the batch a
+            call hands over never waits for later ones to load (an epoch's first batch would
+            otherwise wait for ``depth`` more, and the workers' start with them).
     """
 
     def __init__(
@@ -153,9 +158,10 @@ class DeviceStage:
         wait: Callable[[Any], None],
         depth: int = DEFAULT_DEPTH,
         pending: list[Any] | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self._pull, self._issue, self._complete, self._finished = pull, issue, complete, finished
-        self._wait = wait
+        self._wait, self._ready = wait, ready
         self.depth = max(1, depth)
         self._ahead: collections.deque[tuple[int | None, Any, BaseException | None]] = (
             collections.deque()
@@ -193,9 +199,14 @@ class DeviceStage:
         self._retired = []
         self._ahead.clear()
 
-    def _top_up(self) -> None:
+    def _top_up(self, wait_for_one: bool) -> None:
+        """Pull and issue until ``depth`` batches are ahead: those ``ready`` says have
+        loaded, and, with ``wait_for_one``, the batch to hand over now whatever it takes."""
         while not self._ended and len(self._ahead) < self.depth:
             try:
+                needed = wait_for_one and not self._ahead
+                if not needed and self._ready is not None and not self._ready():
+                    return
                 idx, host = self._pull()
             except StopIteration:
                 self._ended = True
@@ -207,7 +218,7 @@ class DeviceStage:
 
     def next(self) -> Any:
         self._retired = [h for h in self._retired if not self._finished(h)]
-        self._top_up()
+        self._top_up(wait_for_one=True)
         if not self._ahead:
             raise StopIteration
         _idx, handle, error = self._ahead.popleft()
@@ -215,7 +226,7 @@ class DeviceStage:
             raise error
         batch = self._complete(handle)
         self._retired.append(handle)
-        self._top_up()
+        self._top_up(wait_for_one=False)
         return batch
 
 
@@ -303,11 +314,19 @@ def make_stage(
     pull: Callable[[], tuple[int, Any]],
     device: torch.device,
     previous: DeviceStage | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> DeviceStage:
     """A :class:`DeviceStage` copying to ``device`` on a CUDA side stream; it keeps the host
-    batches of ``previous`` (the last epoch's stage) until their copies complete."""
+    batches of ``previous`` (the last epoch's stage) until their copies complete, and copies
+    ahead only what ``ready`` says has loaded."""
     copier = CudaCopy(device)
     pending = previous.pending() if previous is not None else None
     return DeviceStage(
-        pull, copier.issue, copier.complete, copier.finished, copier.wait, pending=pending
+        pull,
+        copier.issue,
+        copier.complete,
+        copier.finished,
+        copier.wait,
+        pending=pending,
+        ready=ready,
     )

@@ -44,7 +44,9 @@ def _run(
             else:
                 book.complete(idx, ("reply", idx))
         while True:
+            due = book.due()
             got = book.pop()
+            assert due == (got is not None)  # due() says what pop() will do, skips passed
             seen.extend(note[1] for note in book.passed_notes())
             if got is None:
                 break

@@ -112,6 +112,17 @@ class TaskBook(Generic[R]):
         notes, self._notes = self._notes, []
         return notes
 
+    def due(self) -> bool:
+        """Whether :meth:`pop` would return a reply now (a skipped task is passed over)."""
+        if not self.in_order:
+            return self.waiting > 0
+        idx = self._cursor
+        while idx in self._ready:
+            if not isinstance(self._ready[idx], _Skipped):
+                return True
+            idx += 1
+        return False
+
     def pop(self) -> tuple[int, R] | None:
         """The next reply to deliver as ``(task index, reply)``, or None if it has not come."""
         ready = self._ready

@@ -145,7 +145,9 @@ class InlineIterator(StokerIterBase):
         if loader.device is not None:
             from stoker.device import make_stage
 
-            stage = make_stage(self._next_host, loader.device, previous=previous)
+            stage = make_stage(
+                self._next_host, loader.device, previous=previous, ready=self._host_ready
+            )
             self._device_stage = stage
             self._state.in_flight = lambda: stage.in_flight
         self._task = 0
@@ -205,6 +207,10 @@ class InlineIterator(StokerIterBase):
                 batch = _pin_memory(batch, self._pin_memory_device)
             self._wait_s += time.perf_counter() - t0
             return idx, batch
+
+    def _host_ready(self) -> bool:
+        """Whether :meth:`_next_host` would return without loading a batch here."""
+        return bool(self._ahead) or self._exhausted
 
     def _load_ahead(self) -> None:
         """Load the next batch (the next few, under ``num_workers="auto"``), each seeded from

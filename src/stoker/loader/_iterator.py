@@ -253,7 +253,9 @@ class MultiWorkerIterator(StokerIterBase):
         )
         loader._epoch_state = state
         if self._device is not None:
-            stage = make_stage(self._next_host, self._device, previous=self._device_stage)
+            stage = make_stage(
+                self._next_host, self._device, previous=self._device_stage, ready=self._host_ready
+            )
             self._device_stage = stage
             state.in_flight = lambda: stage.in_flight
         jump_states = None
@@ -572,6 +574,19 @@ class MultiWorkerIterator(StokerIterBase):
                 self._tally.end_epoch()
                 raise StopIteration
             self._receive(t0)
+
+    def _host_ready(self) -> bool:
+        """Whether :meth:`_next_host` would return (a batch, the epoch's end, an error)
+        without waiting for loading; replies that came are taken in."""
+        if self._inline is not None:
+            return self._inline._host_ready()
+        pool = self._pool
+        if self._deferred is not None or pool is None or pool.closed:
+            return self._deferred is None  # (deferred: the workers have not started)
+        for msg in pool.receive(0):
+            self._handle(msg)
+        book = self._ctx.book
+        return book.due() or (book.outstanding == 0 and self._ctx.sampler_done)
 
     def _receive(self, t0: float) -> None:
         """Block until at least one worker reply has been handled."""
