@@ -59,7 +59,9 @@ def open_workload(name: str) -> tuple[Workload, Any]:
     return workload, workload.make_dataset(False)
 
 
-def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
+def contender(
+    kind: str, dataset: Any, batch_size: int, sampler: Any, device: str | None = None
+) -> Any:
     """A loader named on a script's command line.
 
     ``auto``: stoker, ``num_workers="auto"`` and ``prefetch_factor="auto"``; ``torchN`` or
@@ -67,7 +69,9 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
     2); ``stokerN``: stoker, N workers; ``process:N`` or ``thread:N``: stoker, N workers of
     that backend; ``auto:thread`` or ``auto:process``: ``num_workers="auto"`` with that
     backend; ``spdlN``: SPDL, N threads; ``torchdataN`` or ``torchdataN:P``: torchdata.nodes,
-    N worker processes, prefetch P (default 2), where installed.
+    N worker processes, prefetch P (default 2), where installed. ``device``: stoker's loaders
+    deliver there (``device=``); torch's pin their batches (``pin_memory=True``) for the
+    caller to copy; the peers' batches are left as they are.
     """
     import stoker
     from stoker.bench._contenders import ContenderSpec, build_loader
@@ -80,6 +84,7 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
             sampler=sampler,
             num_workers="auto",
             backend=cast(Any, rest),  # checked just above
+            device=device,
         )
     for library in ("spdl", "torchdata"):
         if base.startswith(library) and base[len(library) :].isdigit():
@@ -93,12 +98,16 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
             sampler=sampler,
             num_workers="auto",
             prefetch_factor="auto",
+            device=device,
         )
     try:
         if kind.startswith("torch"):
             workers, _, prefetch = kind[len("torch") :].partition(":")
+            pin = device is not None
             if int(workers) == 0:
-                return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+                return torch.utils.data.DataLoader(
+                    dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin
+                )
             return torch.utils.data.DataLoader(
                 dataset,
                 batch_size=batch_size,
@@ -106,11 +115,16 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
                 num_workers=int(workers),
                 prefetch_factor=int(prefetch or 2),
                 persistent_workers=True,
+                pin_memory=pin,
             )
         if kind.startswith("stoker"):
             workers = kind[len("stoker") :]
             return stoker.DataLoader(
-                dataset, batch_size=batch_size, sampler=sampler, num_workers=int(workers)
+                dataset,
+                batch_size=batch_size,
+                sampler=sampler,
+                num_workers=int(workers),
+                device=device,
             )
         backend, _, workers = kind.partition(":")
         if backend in ("process", "thread"):
@@ -120,6 +134,7 @@ def contender(kind: str, dataset: Any, batch_size: int, sampler: Any) -> Any:
                 sampler=sampler,
                 num_workers=int(workers),
                 backend=cast(Any, backend),  # checked just above
+                device=device,
             )
     except ValueError:
         pass

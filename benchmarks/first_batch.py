@@ -4,8 +4,10 @@ Each run is a fresh interpreter (nothing warm: imports done, dataset built, then
 starts before the loader is built), contenders alternating, ``--runs`` runs each; printed are
 the medians of the time to the first batch and to ``--batches`` batches, and the backend the
 auto loader chose. Contenders are those of ``_common.contender`` (``auto``, ``torchN``, ...).
+With ``--device cuda`` a batch counts once it is on the GPU (stoker's ``device=``; torch's
+loaders pin, and each batch is copied with ``non_blocking=True``), the device synchronized.
 
-Run: ``python benchmarks/first_batch.py jpeg auto torch0 torch2``
+Run: ``python benchmarks/first_batch.py jpeg auto torch0 torch2 [--device cuda]``
 """
 
 from __future__ import annotations
@@ -17,25 +19,43 @@ import sys
 import time
 from typing import Any
 
+import torch
 from _common import contender, contenders_parser, open_workload
+from torch.utils._pytree import tree_map
 
 from stoker._commands.step import consume
 from stoker.bench._plan import SeededSampler
 
 
-def one_run(workload: str, kind: str, batches: int, shuffled: bool) -> dict[str, object]:
+def on_device(batch: Any, device: str | None, copy: bool) -> Any:
+    """``batch`` once on ``device`` (copied there if ``copy``), the device synchronized."""
+    if device is None:
+        return batch
+    if copy:
+        batch = tree_map(
+            lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
+            batch,
+        )
+    torch.cuda.synchronize(device)
+    return batch
+
+
+def one_run(
+    workload: str, kind: str, batches: int, shuffled: bool, device: str | None = None
+) -> dict[str, object]:
     """In this interpreter: seconds to the first and the ``batches``-th batch."""
     w, dataset = open_workload(workload)
     sampler: Any = list(range(len(dataset)))
     if shuffled:  # the bench's order (a seeded permutation), as shuffle=True gives
         sampler = SeededSampler(len(dataset), len(dataset), seed=1)
     t0 = time.perf_counter()
-    loader = contender(kind, dataset, w.batch_size, sampler)
+    loader = contender(kind, dataset, w.batch_size, sampler, device)
+    copy = not hasattr(loader, "stats")  # (stoker's loaders deliver on the device themselves)
     it = iter(loader)
-    consume(next(it))
+    consume(on_device(next(it), device, copy))
     first = time.perf_counter() - t0
     for _ in range(batches - 1):
-        consume(next(it))
+        consume(on_device(next(it), device, copy))
     nth = time.perf_counter() - t0
     stats = getattr(loader, "stats", None)
     notes = stats().notes if callable(stats) else []
@@ -59,10 +79,13 @@ def main() -> None:
     parser.add_argument(
         "--shuffled", action="store_true", help="a seeded random order instead of 0, 1, 2, ..."
     )
+    parser.add_argument("--device", default=None, help="e.g. cuda: time batches on the GPU")
     parser.add_argument("--child", action="store_true", help=argparse_hidden())
     args = parser.parse_args()
     if args.child:
-        result = one_run(args.workload, args.contenders[0], args.batches, args.shuffled)
+        result = one_run(
+            args.workload, args.contenders[0], args.batches, args.shuffled, args.device
+        )
         print(json.dumps(result, default=str))
         return
     found: dict[str, list[dict[str, object]]] = {kind: [] for kind in args.contenders}
@@ -78,6 +101,7 @@ def main() -> None:
                     "--batches",
                     str(args.batches),
                     *(["--shuffled"] if args.shuffled else []),
+                    *(["--device", args.device] if args.device else []),
                 ],
                 capture_output=True,
                 text=True,
