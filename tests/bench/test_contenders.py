@@ -81,6 +81,21 @@ def test_build_loader_makes_torch_and_stoker_loaders() -> None:
     assert isinstance(stoker_loader, DataLoader)
 
 
+def test_auto_contender_is_the_loader_a_user_builds_without_a_timeout() -> None:
+    # A timeout keeps num_workers="auto"'s first batch out of the main process: the bench
+    # would time a start a user who follows the README does not get.
+    from stoker.loader._main_first import MainFirst
+
+    ds = TinyDataset(n=64)
+    auto = build_loader(ContenderSpec("stoker", 2, auto=True), ds, 16, range(64))
+    fixed = build_loader(ContenderSpec("stoker", 2), ds, 16, range(64))
+    assert auto.timeout == 0 and MainFirst.eligible(auto)
+    assert fixed.timeout > 0  # (a hung worker fails its contender, not the bench)
+    assert sum(len(b) for b in auto) == 64
+    close_loader(auto)
+    close_loader(fixed)
+
+
 def test_full_mode_adds_auto_and_watched_stoker() -> None:
     from stoker.bench._contenders import build_loader, close_loader, standard_contenders
 

@@ -224,7 +224,11 @@ def build_loader(
     kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler}
     if spec.num_workers or spec.auto:
         kwargs["multiprocessing_context"] = multiprocessing_context
-        # A hung worker fails its contender (reported) instead of the whole bench.
+    if spec.num_workers and not spec.auto:
+        # A hung worker fails its contender (reported) instead of the whole bench. Not for
+        # num_workers="auto": a timeout keeps its first batch out of the main process
+        # (stoker.loader._main_first), where a user's loader, without one, loads it; the
+        # run's own time limit (_runs.RUN_LIMIT_S) catches a hang there.
         kwargs["timeout"] = BATCH_TIMEOUT_S
     if spec.library == "torch":
         return tud.DataLoader(

@@ -21,10 +21,10 @@ from typing import Any
 import torch.utils.data as tud
 
 from stoker._commands.step import consume
-from stoker.bench._contenders import BATCH_TIMEOUT_S, close_loader
+from stoker.bench._contenders import close_loader
 from stoker.bench._plan import Plan, SeededSampler
 from stoker.bench._result import Ramp
-from stoker.bench._runs import collect_if_held, weak
+from stoker.bench._runs import RUN_LIMIT_S, collect_if_held, time_limit, weak
 from stoker.bench._workloads import Workload
 
 __all__ = ["RAMP_STARTS", "REACH", "measure_ramp", "ramps_planned", "reach_time"]
@@ -88,8 +88,7 @@ def measure_ramp(
         num_workers="auto",
         prefetch_factor="auto",
         multiprocessing_context=multiprocessing_context,
-        timeout=BATCH_TIMEOUT_S,
-    )
+    )  # (no timeout, as the timed runs' auto contender: see _contenders.build_loader)
     loader._start_with(start_workers)
     times: list[float] = []
     counts: list[int] = []
@@ -97,14 +96,15 @@ def measure_ramp(
     t0 = time.perf_counter()
     it = iter(loader)
     try:
-        for batch in it:
-            total += consume(batch)
-            del batch
-            now = time.perf_counter() - t0
-            times.append(now)
-            counts.append(total)
-            if now >= seconds:
-                break
+        with time_limit(RUN_LIMIT_S, "an auto ramp"):
+            for batch in it:
+                total += consume(batch)
+                del batch
+                now = time.perf_counter() - t0
+                times.append(now)
+                counts.append(total)
+                if now >= seconds:
+                    break
         stats = loader.stats()
     finally:
         del it
