@@ -23,6 +23,7 @@ import torch
 from _common import contender, contenders_parser, open_workload
 from torch.utils._pytree import tree_map
 
+import stoker
 from stoker._commands.step import consume
 from stoker.bench._plan import SeededSampler
 
@@ -50,7 +51,7 @@ def one_run(
         sampler = SeededSampler(len(dataset), len(dataset), seed=1)
     t0 = time.perf_counter()
     loader = contender(kind, dataset, w.batch_size, sampler, device)
-    copy = not hasattr(loader, "stats")  # (stoker's loaders deliver on the device themselves)
+    copy = not isinstance(loader, stoker.DataLoader)  # (stoker's deliver on the device)
     it = iter(loader)
     consume(on_device(next(it), device, copy))
     first = time.perf_counter() - t0

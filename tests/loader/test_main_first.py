@@ -422,7 +422,7 @@ def test_what_was_left_open_a_moment_is_not_kept_against_the_workers(data_file: 
     first = MainFirst()
     first._before = _Snapshot()
     fh = open(data_file, "rb")
-    first.left = first._before.left_open()
+    first._left = first._before.opened()
     assert first.left and first.still_left() == first.left
     fh.close()
     assert first.still_left() == ""

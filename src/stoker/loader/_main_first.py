@@ -121,9 +121,13 @@ class _Snapshot:
 
     def left_open(self) -> str:
         """What is open now that was not then, described ("" for nothing)."""
+        return ", ".join(self.opened())
+
+    def opened(self) -> list[str]:
+        """Each descriptor and thread open now that was not then, described."""
         now = open_files()
         if now is None:  # (no descriptor left to list them with, say)
-            return f"descriptors that {_FD_DIR} could not list"
+            return [f"descriptors that {_FD_DIR} could not list"]
         found = []
         for fd, ident in sorted(now.items()):
             if self.files.get(fd) != ident:
@@ -133,7 +137,7 @@ class _Snapshot:
                     target = "?"
                 found.append(f"descriptor {fd} ({target})")
         found.extend(f"thread {t.name!r}" for t in threading.enumerate() if t not in self.threads)
-        return ", ".join(found)
+        return found
 
 
 class MainFirst:
@@ -146,9 +150,14 @@ class MainFirst:
 
     def __init__(self) -> None:
         self._before: _Snapshot | None = None
-        self.left = ""  # what loading the batch left open here ("" for nothing)
+        self._left: list[str] = []  # what loading the batch left open here
         self.parts = 1  # parts the batch was loaded in side by side
         self._helpers: Helpers | None = None
+
+    @property
+    def left(self) -> str:
+        """What loading the batch left open here, described ("" for nothing)."""
+        return ", ".join(self._left)
 
     @staticmethod
     def eligible(loader: Any) -> bool:
@@ -176,21 +185,20 @@ class MainFirst:
         if dataset is not None:
             batch = self._fetch(loader, dataset, index, seed, auto_collation, before)
             del dataset
-        self.left = before.left_open()
-        if self.left:  # (a handle on the copy that a reference cycle keeps)
+        self._left = before.opened()
+        if self._left:  # (a handle on the copy that a reference cycle keeps)
             gc.collect()
-            self.left = before.left_open()
+            self._left = before.opened()
         return batch
 
     def still_left(self) -> str:
         """What the loading left open that is open still (a second look, at the next
         ``next()``: a file another thread of the program had open a moment is gone by then);
         "" for nothing."""
-        if not self.left or self._before is None:
+        if not self._left or self._before is None:
             return self.left
         gc.collect()
-        now = self._before.left_open()
-        return now and ", ".join(part for part in now.split(", ") if part in self.left)
+        return ", ".join(part for part in self._before.opened() if part in self._left)
 
     def close(self) -> None:
         """Reap the helpers that loaded parts of the batch (their exit waited for their
